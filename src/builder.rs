@@ -1,0 +1,472 @@
+//! `RedlockBuilder` and the validated `Config` it produces.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::events::{Event, EventHook};
+use crate::node::{Node, RedisNode};
+use crate::redlock::Redlock;
+use crate::retry::Backoff;
+use crate::{Error, FencingCounter, InvalidInput};
+
+/// Default [`drift_factor`](RedlockBuilder::drift_factor): 1 % of the TTL.
+pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
+/// Default [`node_timeout`](RedlockBuilder::node_timeout): 50 ms.
+pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
+/// Default [`retry_count`](RedlockBuilder::retry_count): 10 retries after the first attempt.
+pub const DEFAULT_RETRY_COUNT: u32 = 10;
+/// Default [`automatic_extension_threshold`](RedlockBuilder::automatic_extension_threshold): 500 ms.
+pub const DEFAULT_EXTENSION_THRESHOLD: Duration = Duration::from_millis(500);
+/// Default [`fencing_timeout`](RedlockBuilder::fencing_timeout): 1 s.
+pub const DEFAULT_FENCING_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The options of a [`Redlock`], validated once by [`RedlockBuilder::build`].
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) drift_factor: f64,
+    pub(crate) node_timeout: Duration,
+    pub(crate) retry_count: u32,
+    pub(crate) backoff: Backoff,
+    pub(crate) acquire_timeout: Option<Duration>,
+    pub(crate) extension_threshold: Duration,
+    pub(crate) max_extensions: Option<u32>,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) fencing: Option<Arc<dyn FencingCounter>>,
+    pub(crate) fencing_timeout: Duration,
+    pub(crate) key_prefix: String,
+    pub(crate) events: EventHook,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            drift_factor: DEFAULT_DRIFT_FACTOR,
+            node_timeout: DEFAULT_NODE_TIMEOUT,
+            retry_count: DEFAULT_RETRY_COUNT,
+            backoff: Backoff::DEFAULT,
+            acquire_timeout: None,
+            extension_threshold: DEFAULT_EXTENSION_THRESHOLD,
+            max_extensions: None,
+            max_hold: None,
+            fencing: None,
+            fencing_timeout: DEFAULT_FENCING_TIMEOUT,
+            key_prefix: String::new(),
+            events: EventHook::none(),
+        }
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("drift_factor", &self.drift_factor)
+            .field("node_timeout", &self.node_timeout)
+            .field("retry_count", &self.retry_count)
+            .field("backoff", &self.backoff)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("extension_threshold", &self.extension_threshold)
+            .field("max_extensions", &self.max_extensions)
+            .field("max_hold", &self.max_hold)
+            .field("fencing", &self.fencing.as_ref().map(|_| "<counter>"))
+            .field("fencing_timeout", &self.fencing_timeout)
+            .field("key_prefix", &self.key_prefix)
+            .field("events", &self.events)
+            .finish()
+    }
+}
+
+/// A Redis master to lock on: a URL (`redis://host:port/db`, `rediss://…`) or a
+/// [`redis::Client`]. Anything that converts into it can be given to
+/// [`RedlockBuilder::node`].
+#[derive(Clone, Debug)]
+pub struct NodeAddr(NodeRepr);
+
+#[derive(Clone, Debug)]
+enum NodeRepr {
+    Url(String),
+    Client(redis::Client),
+}
+
+impl From<&str> for NodeAddr {
+    fn from(url: &str) -> Self {
+        NodeAddr(NodeRepr::Url(url.to_owned()))
+    }
+}
+
+impl From<String> for NodeAddr {
+    fn from(url: String) -> Self {
+        NodeAddr(NodeRepr::Url(url))
+    }
+}
+
+impl From<&String> for NodeAddr {
+    fn from(url: &String) -> Self {
+        NodeAddr(NodeRepr::Url(url.clone()))
+    }
+}
+
+impl From<redis::Client> for NodeAddr {
+    fn from(client: redis::Client) -> Self {
+        NodeAddr(NodeRepr::Client(client))
+    }
+}
+
+/// Builds a [`Redlock`]. Every option has a documented default; nothing is checked until
+/// [`build`](RedlockBuilder::build), which validates everything at once.
+///
+/// ```
+/// use std::time::Duration;
+/// # fn main() -> Result<(), redfence::Error> {
+/// let redlock = redfence::Redlock::builder()
+///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+///     .node_timeout(Duration::from_millis(50))
+///     .retry_count(5)
+///     .key_prefix("locks:")
+///     .build()?; // connects lazily: no server needs to be up yet
+/// # drop(redlock);
+/// # Ok(())
+/// # }
+/// ```
+#[must_use = "a builder does nothing until `build()` is called"]
+#[derive(Debug, Default)]
+pub struct RedlockBuilder {
+    nodes: Vec<NodeAddr>,
+    config: Config,
+}
+
+impl RedlockBuilder {
+    /// A builder with no node and every option at its default.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds one independent Redis master. Give 1, 3 or 5 (an odd number: an even one adds a
+    /// node without adding a failure it can survive).
+    pub fn node(mut self, node: impl Into<NodeAddr>) -> Self {
+        self.nodes.push(node.into());
+        self
+    }
+
+    /// Adds several independent Redis masters. They must be *independent*: no replication
+    /// between them.
+    pub fn nodes<I>(mut self, nodes: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<NodeAddr>,
+    {
+        self.nodes.extend(nodes.into_iter().map(Into::into));
+        self
+    }
+
+    /// The share of the TTL set aside for clock drift between this process and the Redis
+    /// servers: a lock's validity is `ttl - elapsed - (ttl * drift_factor + 2 ms)`.
+    /// Must be finite and in `[0, 1)`. Defaults to `0.01`.
+    pub fn drift_factor(mut self, factor: f64) -> Self {
+        self.config.drift_factor = factor;
+        self
+    }
+
+    /// The longest any single node call may take; a node that does not answer in time counts
+    /// as failed for that attempt, so one slow or hung node never slows a lock down.
+    ///
+    /// Defaults to 50 ms: several times a loaded LAN round trip, yet small next to any TTL
+    /// worth using (it is also the most validity a slow node can cost). The Redlock paper
+    /// suggests 5–50 ms for a 10 s TTL. Raise it for nodes across a WAN.
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.config.node_timeout = timeout;
+        self
+    }
+
+    /// How many times `acquire` retries after a failed first attempt (so it makes up to
+    /// `retry_count + 1` attempts). [`try_acquire`](Redlock::try_acquire) never retries.
+    /// Defaults to 10.
+    pub fn retry_count(mut self, count: u32) -> Self {
+        self.config.retry_count = count;
+        self
+    }
+
+    /// The base delay between attempts of the fixed schedule (see [`Backoff::Fixed`]).
+    /// Defaults to 200 ms. Replaces an exponential schedule set with [`backoff`](Self::backoff).
+    pub fn retry_delay(mut self, delay: Duration) -> Self {
+        let jitter = match self.config.backoff {
+            Backoff::Fixed { jitter, .. } => jitter,
+            _ => Duration::ZERO,
+        };
+        self.config.backoff = Backoff::Fixed { delay, jitter };
+        self
+    }
+
+    /// The largest random deviation from `retry_delay`, either way (see [`Backoff::Fixed`]).
+    /// Defaults to 100 ms. Replaces an exponential schedule set with [`backoff`](Self::backoff).
+    pub fn retry_jitter(mut self, jitter: Duration) -> Self {
+        let delay = match self.config.backoff {
+            Backoff::Fixed { delay, .. } => delay,
+            _ => Duration::from_millis(200),
+        };
+        self.config.backoff = Backoff::Fixed { delay, jitter };
+        self
+    }
+
+    /// The whole retry schedule, e.g. [`Backoff::exponential`] for exponential backoff with
+    /// full jitter. Defaults to [`Backoff::DEFAULT`] (200 ms ± 100 ms).
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.config.backoff = backoff;
+        self
+    }
+
+    /// An overall deadline for `acquire` and `using`, retries included; when it passes,
+    /// they fail with [`Error::AcquireTimeout`]. Defaults to none: `retry_count` bounds them.
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.config.acquire_timeout = Some(timeout);
+        self
+    }
+
+    /// `using()` extends the lock when its remaining validity falls below this, and aborts the
+    /// signal when extensions fail and less than this is left. Defaults to 500 ms.
+    /// Must be shorter than the TTLs given to `using()`.
+    pub fn automatic_extension_threshold(mut self, threshold: Duration) -> Self {
+        self.config.extension_threshold = threshold;
+        self
+    }
+
+    /// The most extensions `using()` makes for one lock; then the signal aborts with
+    /// [`Error::RenewalLimit`] and the lock expires on its own. Defaults to no limit.
+    pub fn max_extensions(mut self, max: u32) -> Self {
+        self.config.max_extensions = Some(max);
+        self
+    }
+
+    /// The longest `using()` keeps one lock alive, counted from its acquisition; then the
+    /// signal aborts with [`Error::RenewalLimit`] and the lock expires on its own.
+    /// Defaults to no limit.
+    pub fn max_hold(mut self, max: Duration) -> Self {
+        self.config.max_hold = Some(max);
+        self
+    }
+
+    /// The counter that issues a fencing token for every acquisition (see [`FencingCounter`]).
+    /// Defaults to none: locks carry no fence.
+    pub fn fencing(mut self, counter: impl FencingCounter + 'static) -> Self {
+        self.config.fencing = Some(Arc::new(counter));
+        self
+    }
+
+    /// The same as [`fencing`](Self::fencing), for a counter already in an `Arc`.
+    pub fn fencing_arc(mut self, counter: Arc<dyn FencingCounter>) -> Self {
+        self.config.fencing = Some(counter);
+        self
+    }
+
+    /// The longest the fencing counter may take to issue a token (it is also bounded by the
+    /// lock's validity). Defaults to 1 s.
+    pub fn fencing_timeout(mut self, timeout: Duration) -> Self {
+        self.config.fencing_timeout = timeout;
+        self
+    }
+
+    /// A prefix put before every resource name to form its Redis key. Defaults to empty, which
+    /// is wire-compatible with node-redlock and redsync: the key is the resource name.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.config.key_prefix = prefix.into();
+        self
+    }
+
+    /// A hook that receives background [`Event`]s: failed extension rounds (with each node's
+    /// error), aborted signals, failed background releases. Defaults to none (events are still
+    /// logged with `tracing`). Keep it quick: it runs on the extension task.
+    pub fn on_event(mut self, hook: impl Fn(&Event) + Send + Sync + 'static) -> Self {
+        self.config.events = EventHook::new(hook);
+        self
+    }
+
+    /// Validates every option and returns the [`Redlock`].
+    ///
+    /// Connections are lazy: nothing is sent until the first lock, so this succeeds while
+    /// nodes are down. Needs no runtime; the first lock must run inside a Tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] when no node is given, a URL does not parse, two nodes point at
+    /// the same server, or an option is out of range.
+    pub fn build(self) -> Result<Redlock, Error> {
+        let config = self.config;
+        validate(&config)?;
+        if self.nodes.is_empty() {
+            return Err(InvalidInput::NoNodes.into());
+        }
+        let mut nodes: Vec<RedisNode> = Vec::with_capacity(self.nodes.len());
+        for (index, addr) in self.nodes.into_iter().enumerate() {
+            let client = match addr.0 {
+                NodeRepr::Client(client) => client,
+                NodeRepr::Url(url) => {
+                    redis::Client::open(url.as_str()).map_err(|err| InvalidInput::BadNodeUrl {
+                        index,
+                        url: url.clone(),
+                        reason: err.to_string(),
+                    })?
+                }
+            };
+            let node = RedisNode::new(index, client, config.node_timeout);
+            if let Some(first) = nodes.iter().find(|n| n.identity() == node.identity()) {
+                return Err(InvalidInput::DuplicateNode {
+                    first: first.index(),
+                    second: index,
+                    addr: node.addr().to_owned(),
+                }
+                .into());
+            }
+            nodes.push(node);
+        }
+        Ok(Redlock::from_parts(config, nodes))
+    }
+}
+
+fn validate(config: &Config) -> Result<(), InvalidInput> {
+    let f = config.drift_factor;
+    if !f.is_finite() || !(0.0..1.0).contains(&f) {
+        return Err(InvalidInput::BadDriftFactor(f));
+    }
+    let positive = |option: &'static str, d: Duration| {
+        if d.is_zero() {
+            Err(InvalidInput::BadOption {
+                option,
+                reason: "must be greater than zero".into(),
+            })
+        } else {
+            Ok(())
+        }
+    };
+    positive("node_timeout", config.node_timeout)?;
+    positive("automatic_extension_threshold", config.extension_threshold)?;
+    positive("fencing_timeout", config.fencing_timeout)?;
+    if let Some(t) = config.acquire_timeout {
+        positive("acquire_timeout", t)?;
+    }
+    if let Some(t) = config.max_hold {
+        positive("max_hold", t)?;
+    }
+    if let Backoff::Exponential { base, max } = config.backoff {
+        if base > max {
+            return Err(InvalidInput::BadOption {
+                option: "backoff",
+                reason: format!("the base delay {base:?} exceeds the maximum {max:?}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn invalid(b: RedlockBuilder) -> InvalidInput {
+        match b.build() {
+            Err(Error::InvalidInput(e)) => e,
+            other => panic!("expected InvalidInput, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn no_nodes() {
+        assert_eq!(invalid(RedlockBuilder::new()), InvalidInput::NoNodes);
+    }
+
+    #[test]
+    fn bad_url_names_the_node() {
+        let e = invalid(
+            RedlockBuilder::new()
+                .node("redis://127.0.0.1:1")
+                .node("not a url"),
+        );
+        assert!(
+            matches!(e, InvalidInput::BadNodeUrl { index: 1, .. }),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("not a url"));
+    }
+
+    #[test]
+    fn duplicate_nodes() {
+        let e = invalid(
+            RedlockBuilder::new()
+                .node("redis://127.0.0.1:7001")
+                .node("redis://127.0.0.1:7002")
+                .node("redis://127.0.0.1:7001/0"),
+        );
+        assert!(
+            matches!(
+                e,
+                InvalidInput::DuplicateNode {
+                    first: 0,
+                    second: 2,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        // A different database on the same server is still the same server.
+        let e = invalid(
+            RedlockBuilder::new()
+                .node("redis://127.0.0.1:7001/0")
+                .node("redis://127.0.0.1:7001/1"),
+        );
+        assert!(matches!(e, InvalidInput::DuplicateNode { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn drift_factor_must_be_sane() {
+        for f in [f64::NAN, -0.1, 1.0, f64::INFINITY] {
+            let e = invalid(
+                RedlockBuilder::new()
+                    .node("redis://127.0.0.1:1")
+                    .drift_factor(f),
+            );
+            assert!(matches!(e, InvalidInput::BadDriftFactor(_)), "{f}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn zero_durations_are_rejected() {
+        let base = || RedlockBuilder::new().node("redis://127.0.0.1:1");
+        for (b, name) in [
+            (base().node_timeout(Duration::ZERO), "node_timeout"),
+            (base().acquire_timeout(Duration::ZERO), "acquire_timeout"),
+            (base().max_hold(Duration::ZERO), "max_hold"),
+            (
+                base().automatic_extension_threshold(Duration::ZERO),
+                "automatic_extension_threshold",
+            ),
+        ] {
+            let e = invalid(b);
+            assert!(
+                matches!(e, InvalidInput::BadOption { option, .. } if option == name),
+                "{e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn builds_without_a_runtime_or_a_server() {
+        let r = RedlockBuilder::new()
+            .nodes(["redis://127.0.0.1:1", "redis://127.0.0.1:2"])
+            .node(redis::Client::open("redis://127.0.0.1:3").expect("valid url"))
+            .build();
+        assert!(r.is_ok(), "{r:?}");
+    }
+
+    #[test]
+    fn retry_delay_and_jitter_compose() {
+        let b = RedlockBuilder::new()
+            .retry_delay(Duration::from_millis(30))
+            .retry_jitter(Duration::from_millis(5));
+        assert_eq!(
+            b.config.backoff,
+            Backoff::Fixed {
+                delay: Duration::from_millis(30),
+                jitter: Duration::from_millis(5)
+            }
+        );
+    }
+}

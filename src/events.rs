@@ -1,0 +1,102 @@
+//! Events from background work, for operators: renewal trouble shows up here before a loss.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::Error;
+
+/// Something that happened in the background, handed to the hook set with
+/// [`RedlockBuilder::on_event`](crate::RedlockBuilder::on_event).
+///
+/// Every event is also logged with `tracing`; the hook is for metrics and alerts.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Event {
+    /// `using()` extended its lock.
+    Extended {
+        /// The lock's resources.
+        resources: Vec<String>,
+        /// How many extensions this lock has had, this one included.
+        extensions: u32,
+        /// The validity the extension left.
+        validity: Duration,
+    },
+    /// An extension round failed; the error carries each node's failure.
+    ExtensionFailed {
+        /// The lock's resources.
+        resources: Vec<String>,
+        /// Why the round failed.
+        error: Error,
+        /// The validity that was left after the failed round.
+        remaining: Duration,
+    },
+    /// `using()` aborted its signal: ownership can no longer be guaranteed.
+    Aborted {
+        /// The lock's resources.
+        resources: Vec<String>,
+        /// Why (also what [`Signal::error`](crate::Signal::error) returns).
+        error: Error,
+    },
+    /// A release in the background (drop, or the end of `using()`) failed. The keys expire on
+    /// their own at the end of their TTL.
+    ReleaseFailed {
+        /// The lock's resources.
+        resources: Vec<String>,
+        /// What went wrong.
+        error: Error,
+    },
+}
+
+/// The hook that receives [`Event`]s.
+#[derive(Clone)]
+pub(crate) struct EventHook(Option<Arc<dyn Fn(&Event) + Send + Sync>>);
+
+impl EventHook {
+    pub(crate) fn none() -> Self {
+        EventHook(None)
+    }
+
+    pub(crate) fn new(f: impl Fn(&Event) + Send + Sync + 'static) -> Self {
+        EventHook(Some(Arc::new(f)))
+    }
+
+    /// Logs the event and hands it to the user's hook, if any.
+    pub(crate) fn emit(&self, event: Event) {
+        match &event {
+            Event::Extended {
+                resources,
+                extensions,
+                validity,
+            } => {
+                tracing::debug!(?resources, extensions, ?validity, "lock extended")
+            }
+            Event::ExtensionFailed {
+                resources,
+                error,
+                remaining,
+            } => {
+                tracing::warn!(?resources, %error, ?remaining, "lock extension failed")
+            }
+            Event::Aborted { resources, error } => {
+                tracing::warn!(?resources, %error, "lock ownership lost; signal aborted")
+            }
+            Event::ReleaseFailed { resources, error } => {
+                tracing::warn!(?resources, %error, "lock release failed; keys will expire on their own")
+            }
+        }
+        if let Some(hook) = &self.0 {
+            hook(&event);
+        }
+    }
+}
+
+impl fmt::Debug for EventHook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Some(<hook>)"
+        } else {
+            "None"
+        })
+    }
+}

@@ -1,0 +1,209 @@
+//! `Lock`: a held lock, to extend and release.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, LossReason};
+use crate::events::Event;
+use crate::node::Op;
+use crate::quorum::{self, Until};
+use crate::redlock::{Shared, Target, validate_ttl};
+
+/// A lock held on a majority of nodes, until [`expires_at`](Lock::expires_at).
+///
+/// Extend it with [`extend`](Lock::extend) and release it with [`release`](Lock::release).
+/// A `Lock` dropped without `release` releases itself in the background (when dropped inside
+/// a Tokio runtime; otherwise its keys expire at the end of their TTL).
+///
+/// Holding a `Lock` is not proof of ownership at the moment of a write: a process can pause
+/// past [`expires_at`](Lock::expires_at) at any point. Send [`fence`](Lock::fence) with every
+/// write to storage that checks it.
+#[must_use = "a lock is released as soon as it is dropped"]
+pub struct Lock {
+    shared: Arc<Shared>,
+    target: Target,
+    token: Arc<str>,
+    expires_at: Instant,
+    fence: Option<u64>,
+    released: bool,
+}
+
+impl Lock {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        target: Target,
+        token: Arc<str>,
+        expires_at: Instant,
+        fence: Option<u64>,
+    ) -> Self {
+        Lock {
+            shared,
+            target,
+            token,
+            expires_at,
+            fence,
+            released: false,
+        }
+    }
+
+    /// The resources this lock holds, as given (without the key prefix).
+    pub fn resources(&self) -> &[String] {
+        &self.target.resources
+    }
+
+    /// The owner token: 128 random bits as 32 hex digits, the value stored at every key.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The fencing token issued for this acquisition, if a counter is configured. Send it with
+    /// every write; the storage must reject a write whose fence is not greater than the last
+    /// one it accepted.
+    pub fn fence(&self) -> Option<u64> {
+        self.fence
+    }
+
+    /// The TTL the lock was acquired or last extended with.
+    pub fn ttl(&self) -> Duration {
+        self.target.ttl
+    }
+
+    /// The instant, on this process's monotonic clock, when the lock's validity ends: the
+    /// start of the winning round plus the TTL minus the drift allowance.
+    pub fn expires_at(&self) -> Instant {
+        self.expires_at
+    }
+
+    /// How much validity is left (zero once expired).
+    pub fn remaining(&self) -> Duration {
+        self.expires_at.saturating_duration_since(Instant::now())
+    }
+
+    /// Whether the validity has run out.
+    pub fn is_expired(&self) -> bool {
+        Instant::now() >= self.expires_at
+    }
+
+    /// Extends the lock to `ttl` from now on a majority of nodes (compare-and-`PEXPIRE`), and
+    /// recomputes the validity the same way `acquire` does.
+    ///
+    /// A failed extension never releases anything: the lock stays as it was, still valid
+    /// until its old [`expires_at`](Lock::expires_at).
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::InvalidInput`] for a TTL `acquire` would reject; nothing is sent.
+    /// - [`Error::LockLost`] when the lock has already expired locally, or a majority answered
+    ///   that its keys no longer hold our token.
+    /// - [`Error::QuorumUnreachable`] when too many nodes failed to confirm it.
+    /// - [`Error::NoValidity`] when the majority answered too late.
+    pub async fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+        let ttl = validate_ttl(ttl, self.shared.config.drift_factor)?;
+        if self.is_expired() {
+            return Err(self.lost(LossReason::Expired));
+        }
+        let start = Instant::now();
+        let tally = self
+            .shared
+            .round(
+                Op::Extend,
+                &self.target.keys,
+                &self.token,
+                ttl,
+                Until::Granted,
+            )
+            .await;
+        let elapsed = start.elapsed();
+        if !tally.reached() {
+            return Err(tally.extend_error(&self.target.resources));
+        }
+        match quorum::validity(ttl, elapsed, self.shared.config.drift_factor) {
+            Some(valid) => {
+                self.expires_at = start + elapsed + valid;
+                self.target.ttl = ttl;
+                Ok(())
+            }
+            None => Err(Error::NoValidity {
+                ttl,
+                elapsed,
+                drift: quorum::drift(ttl, self.shared.config.drift_factor),
+            }),
+        }
+    }
+
+    /// Releases the lock: compare-and-delete on every node, so only keys that still hold our
+    /// token are deleted (never the next owner's). Returns once a majority answered; the other
+    /// nodes finish in the background.
+    ///
+    /// Releasing a lock that has already expired is not an error.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::QuorumUnreachable`] when a majority of nodes could not be reached; the keys
+    /// there expire at the end of their TTL.
+    pub async fn release(mut self) -> Result<(), Error> {
+        self.released = true;
+        let tally = self
+            .shared
+            .round(
+                Op::Release,
+                &self.target.keys,
+                &self.token,
+                self.target.ttl,
+                Until::Answered,
+            )
+            .await;
+        if tally.answered() >= tally.quorum() {
+            Ok(())
+        } else {
+            Err(tally.unreachable())
+        }
+    }
+
+    fn lost(&self, reason: LossReason) -> Error {
+        Error::LockLost {
+            resources: self.target.resources.to_vec(),
+            reason,
+        }
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!(resources = ?self.target.resources, "lock dropped outside a runtime; it will expire on its own");
+            return;
+        };
+        let shared = Arc::clone(&self.shared);
+        let keys = Arc::clone(&self.target.keys);
+        let resources = Arc::clone(&self.target.resources);
+        let token = Arc::clone(&self.token);
+        let ttl = self.target.ttl;
+        runtime.spawn(async move {
+            let tally = shared
+                .round(Op::Release, &keys, &token, ttl, Until::All)
+                .await;
+            if tally.answered() < tally.quorum() {
+                shared.config.events.emit(Event::ReleaseFailed {
+                    resources: resources.to_vec(),
+                    error: tally.unreachable(),
+                });
+            }
+        });
+    }
+}
+
+impl fmt::Debug for Lock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lock")
+            .field("resources", &self.target.resources)
+            .field("token", &self.token)
+            .field("fence", &self.fence)
+            .field("remaining", &self.remaining())
+            .finish()
+    }
+}

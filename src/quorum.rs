@@ -1,0 +1,488 @@
+//! Fan-out and vote counting: the pure Redlock logic, over any [`Node`].
+//!
+//! Every request goes to all nodes at once, each call bounded by `node_timeout`; the round is
+//! decided as soon as a majority agreed or a majority became impossible, and the stragglers
+//! finish in the background.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+
+use crate::Error;
+use crate::error::{LossReason, NodeError, NodeFailure};
+use crate::node::{Node, Op, Request};
+
+/// The size of a majority of `nodes`: `floor(nodes / 2) + 1`.
+pub(crate) fn quorum(nodes: usize) -> usize {
+    nodes / 2 + 1
+}
+
+/// The clock-drift allowance for a TTL: `ttl * drift_factor + 2 ms`.
+pub(crate) fn drift(ttl: Duration, drift_factor: f64) -> Duration {
+    ttl.mul_f64(drift_factor) + Duration::from_millis(2)
+}
+
+/// What is left of a lock's TTL once the round's elapsed time and the drift allowance are
+/// subtracted; `None` when nothing positive is left.
+pub(crate) fn validity(ttl: Duration, elapsed: Duration, drift_factor: f64) -> Option<Duration> {
+    ttl.checked_sub(elapsed)?
+        .checked_sub(drift(ttl, drift_factor))
+        .filter(|v| !v.is_zero())
+}
+
+/// When a round is decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Until {
+    /// A majority granted (a positive reply), or a majority became impossible.
+    Granted,
+    /// A majority answered at all, or a majority of answers became impossible.
+    Answered,
+    /// Every node answered or timed out.
+    All,
+}
+
+/// The votes of one round.
+#[derive(Debug)]
+pub(crate) struct Tally {
+    pub(crate) nodes: usize,
+    pub(crate) granted: usize,
+    pub(crate) denied: usize,
+    pub(crate) errors: Vec<NodeError>,
+}
+
+impl Tally {
+    fn new(nodes: usize) -> Self {
+        Tally {
+            nodes,
+            granted: 0,
+            denied: 0,
+            errors: Vec::new(),
+        }
+    }
+
+    pub(crate) fn quorum(&self) -> usize {
+        quorum(self.nodes)
+    }
+
+    /// A majority granted.
+    pub(crate) fn reached(&self) -> bool {
+        self.granted >= self.quorum()
+    }
+
+    /// How many nodes answered, whatever the answer.
+    pub(crate) fn answered(&self) -> usize {
+        self.granted + self.denied
+    }
+
+    fn decided(&self, until: Until) -> bool {
+        let q = self.quorum();
+        let slack = self.nodes - q;
+        match until {
+            Until::Granted => self.granted >= q || self.denied + self.errors.len() > slack,
+            Until::Answered => self.answered() >= q || self.errors.len() > slack,
+            Until::All => self.answered() + self.errors.len() == self.nodes,
+        }
+    }
+
+    /// Refusals alone rule out a majority: other owners hold it.
+    fn refused_by_majority(&self) -> bool {
+        self.nodes - self.denied < self.quorum()
+    }
+
+    /// The error for a failed acquire round: contention when refusals alone rule out a
+    /// majority, unreachable nodes otherwise.
+    pub(crate) fn acquire_error(self, resources: &[String]) -> Error {
+        if self.refused_by_majority() {
+            Error::Contended {
+                resources: resources.to_vec(),
+                denied: self.denied,
+                nodes: self.nodes,
+                attempts: 1,
+            }
+        } else {
+            self.unreachable()
+        }
+    }
+
+    /// The error for a failed extension round: the lock is lost when a majority says the keys
+    /// are no longer ours; otherwise the nodes could not confirm it.
+    pub(crate) fn extend_error(self, resources: &[String]) -> Error {
+        if self.refused_by_majority() {
+            Error::LockLost {
+                resources: resources.to_vec(),
+                reason: LossReason::NotHeld {
+                    confirmed: self.granted,
+                    quorum: self.quorum(),
+                },
+            }
+        } else {
+            self.unreachable()
+        }
+    }
+
+    /// `QuorumUnreachable` with every node's error.
+    pub(crate) fn unreachable(self) -> Error {
+        Error::QuorumUnreachable {
+            granted: self.granted,
+            denied: self.denied,
+            quorum: self.quorum(),
+            nodes: self.nodes,
+            errors: self.errors,
+        }
+    }
+}
+
+/// Sends `req` to every node at once, each call bounded by `timeout`, and returns as soon as
+/// the round is decided by `until`. Calls still running then go on in the background (each
+/// still bounded by `timeout`), so their effects land in order on each connection.
+pub(crate) async fn fan_out<N: Node>(
+    nodes: &[N],
+    req: &Request,
+    timeout: Duration,
+    until: Until,
+) -> Tally {
+    let mut pending: FuturesUnordered<_> = nodes
+        .iter()
+        .enumerate()
+        .map(|(index, node)| {
+            let call = node.call(req);
+            async move {
+                let result = match tokio::time::timeout(timeout, call).await {
+                    Ok(result) => result,
+                    Err(_) => Err(NodeFailure::Timeout(timeout)),
+                };
+                (index, result)
+            }
+        })
+        .collect();
+    let mut tally = Tally::new(nodes.len());
+    while !tally.decided(until) {
+        let Some((index, result)) = pending.next().await else {
+            break;
+        };
+        match result {
+            Ok(reply) if reply > 0 || req.op == Op::Release => tally.granted += 1,
+            Ok(_) => tally.denied += 1,
+            Err(failure) => tally.errors.push(NodeError {
+                index,
+                addr: nodes[index].addr().to_owned(),
+                failure,
+            }),
+        }
+    }
+    if !pending.is_empty() {
+        tokio::spawn(async move { while pending.next().await.is_some() {} });
+    }
+    tally
+}
+
+/// One acquire attempt over `nodes`: fan out, count, compute the validity, and on failure
+/// release on every node (also those that failed or timed out: their write may have landed).
+/// On success returns how long after `start` the lock stays valid (`ttl - drift`); the caller
+/// adds it to an instant taken before the call, which keeps the validity conservative.
+pub(crate) async fn acquire_round<N: Node>(
+    nodes: &[N],
+    req: &Request,
+    resources: &[String],
+    node_timeout: Duration,
+    drift_factor: f64,
+) -> Result<Duration, Error> {
+    debug_assert_eq!(req.op, Op::Acquire);
+    let ttl = Duration::from_millis(req.ttl_ms);
+    // Tokio's clock is the monotonic clock (and can be paused in unit tests).
+    let start = tokio::time::Instant::now();
+    let tally = fan_out(nodes, req, node_timeout, Until::Granted).await;
+    let elapsed = start.elapsed();
+    let error = if tally.reached() {
+        match validity(ttl, elapsed, drift_factor) {
+            Some(valid) => return Ok(elapsed + valid),
+            None => Error::NoValidity {
+                ttl,
+                elapsed,
+                drift: drift(ttl, drift_factor),
+            },
+        }
+    } else {
+        tally.acquire_error(resources)
+    };
+    release_everywhere(nodes, req, node_timeout).await;
+    Err(error)
+}
+
+/// Compare-and-delete on every node, waiting for each (bounded by the timeout), so that
+/// nothing of ours is left behind when this returns.
+pub(crate) async fn release_everywhere<N: Node>(
+    nodes: &[N],
+    req: &Request,
+    node_timeout: Duration,
+) -> Tally {
+    let release = Request {
+        op: Op::Release,
+        ..req.clone()
+    };
+    fan_out(nodes, &release, node_timeout, Until::All).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::Future;
+    use std::sync::{Arc, Mutex};
+
+    const TIMEOUT: Duration = Duration::from_millis(50);
+    const MS: Duration = Duration::from_millis(1);
+
+    /// How a fake node behaves.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Fake {
+        Grant,
+        Deny,
+        Fail,
+        /// Grants after a delay.
+        Slow(Duration),
+        Never,
+    }
+
+    struct FakeNode {
+        behaviour: Fake,
+        calls: Arc<Mutex<Vec<Op>>>,
+    }
+
+    impl FakeNode {
+        fn new(behaviour: Fake) -> Self {
+            FakeNode {
+                behaviour,
+                calls: Arc::default(),
+            }
+        }
+        fn calls(&self) -> Vec<Op> {
+            self.calls.lock().map(|c| c.clone()).unwrap_or_default()
+        }
+    }
+
+    impl Node for FakeNode {
+        fn call(
+            &self,
+            req: &Request,
+        ) -> impl Future<Output = Result<i64, NodeFailure>> + Send + 'static {
+            if let Ok(mut calls) = self.calls.lock() {
+                calls.push(req.op);
+            }
+            let behaviour = if req.op == Op::Acquire {
+                self.behaviour
+            } else {
+                Fake::Grant
+            };
+            async move {
+                match behaviour {
+                    Fake::Grant => Ok(1),
+                    Fake::Deny => Ok(0),
+                    Fake::Fail => Err(NodeFailure::Reply(redis::RedisError::from((
+                        redis::ErrorKind::Client,
+                        "injected",
+                    )))),
+                    Fake::Slow(d) => {
+                        tokio::time::sleep(d).await;
+                        Ok(1)
+                    }
+                    Fake::Never => std::future::pending().await,
+                }
+            }
+        }
+        fn addr(&self) -> &str {
+            "fake"
+        }
+    }
+
+    fn request() -> Request {
+        Request {
+            op: Op::Acquire,
+            keys: Arc::from(vec!["k".to_string()]),
+            token: Arc::from("t"),
+            ttl_ms: 10_000,
+        }
+    }
+
+    /// When the node's answer arrives, and whether it is a grant.
+    fn answer(b: Fake) -> (Duration, Option<bool>) {
+        match b {
+            Fake::Grant => (Duration::ZERO, Some(true)),
+            Fake::Deny => (Duration::ZERO, Some(false)),
+            Fake::Fail => (Duration::ZERO, None),
+            Fake::Slow(d) if d < TIMEOUT => (d, Some(true)),
+            Fake::Slow(_) | Fake::Never => (TIMEOUT, None),
+        }
+    }
+
+    /// The model: (granted?, decision time) for a set of behaviours.
+    fn expected(behaviours: &[Fake]) -> (bool, Duration) {
+        let n = behaviours.len();
+        let q = quorum(n);
+        let mut answers: Vec<_> = behaviours.iter().map(|b| answer(*b)).collect();
+        answers.sort_by_key(|(t, _)| *t);
+        let (mut granted, mut failed) = (0, 0);
+        for (t, grant) in answers {
+            if grant == Some(true) {
+                granted += 1;
+            } else {
+                failed += 1;
+            }
+            if granted >= q {
+                return (true, t);
+            }
+            if failed > n - q {
+                return (false, t);
+            }
+        }
+        unreachable!("every round is decided once all nodes answered")
+    }
+
+    fn all_combinations(n: usize) -> Vec<Vec<Fake>> {
+        let choices = [
+            Fake::Grant,
+            Fake::Deny,
+            Fake::Fail,
+            Fake::Slow(20 * MS),
+            Fake::Slow(200 * MS),
+            Fake::Never,
+        ];
+        let mut out = vec![vec![]];
+        for _ in 0..n {
+            out = out
+                .into_iter()
+                .flat_map(|prefix| {
+                    choices.iter().map(move |c| {
+                        let mut v = prefix.clone();
+                        v.push(*c);
+                        v
+                    })
+                })
+                .collect();
+        }
+        out
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_combination_follows_the_majority_rule_and_returns_early() {
+        for n in 1..=5 {
+            for behaviours in all_combinations(n) {
+                let nodes: Vec<_> = behaviours.iter().map(|b| FakeNode::new(*b)).collect();
+                let (want_granted, want_time) = expected(&behaviours);
+                let start = tokio::time::Instant::now();
+                let tally = fan_out(&nodes, &request(), TIMEOUT, Until::Granted).await;
+                let took = start.elapsed();
+                assert_eq!(tally.reached(), want_granted, "{behaviours:?}: {tally:?}");
+                assert_eq!(took, want_time, "{behaviours:?}: decided at the wrong time");
+                assert!(
+                    took <= TIMEOUT,
+                    "{behaviours:?}: slower than the node timeout"
+                );
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_rounds_release_every_node_and_granted_rounds_release_none() {
+        for n in 1..=5 {
+            for behaviours in all_combinations(n) {
+                let nodes: Vec<_> = behaviours.iter().map(|b| FakeNode::new(*b)).collect();
+                let keys = ["k".to_string()];
+                let result = acquire_round(&nodes, &request(), &keys, TIMEOUT, 0.01).await;
+                let (want_granted, _) = expected(&behaviours);
+                assert_eq!(result.is_ok(), want_granted, "{behaviours:?}: {result:?}");
+                for node in &nodes {
+                    let released = node.calls().contains(&Op::Release);
+                    assert_eq!(
+                        released,
+                        !want_granted,
+                        "{behaviours:?}: {:?}",
+                        node.calls()
+                    );
+                }
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refusals_are_contention_failures_are_unreachable() {
+        let run = |b: Vec<Fake>| async move {
+            let nodes: Vec<_> = b.into_iter().map(FakeNode::new).collect();
+            acquire_round(&nodes, &request(), &["k".to_string()], TIMEOUT, 0.01).await
+        };
+        use Fake::*;
+        let e = run(vec![Deny, Deny, Deny, Grant, Grant]).await;
+        assert!(
+            matches!(
+                e,
+                Err(Error::Contended {
+                    denied: 3,
+                    nodes: 5,
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        let e = run(vec![Fail, Never, Fail, Grant, Grant]).await;
+        match e {
+            Err(Error::QuorumUnreachable {
+                granted: 2,
+                errors,
+                quorum: 3,
+                ..
+            }) => {
+                assert_eq!(errors.len(), 3);
+                assert!(
+                    errors
+                        .iter()
+                        .any(|e| matches!(e.failure, NodeFailure::Timeout(_)))
+                );
+                assert!(
+                    errors
+                        .iter()
+                        .any(|e| matches!(e.failure, NodeFailure::Reply(_)))
+                );
+            }
+            other => panic!("expected QuorumUnreachable, got {other:?}"),
+        }
+        // Mixed: neither refusals nor failures alone rule a majority out.
+        let e = run(vec![Deny, Deny, Fail, Fail, Grant]).await;
+        assert!(
+            matches!(e, Err(Error::QuorumUnreachable { denied: 2, .. })),
+            "{e:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn slow_majority_leaves_no_validity() {
+        let keys = ["k".to_string()];
+        let nodes: Vec<_> = (0..3).map(|_| FakeNode::new(Fake::Slow(40 * MS))).collect();
+        let req = Request {
+            ttl_ms: 41,
+            ..request()
+        };
+        let e = acquire_round(&nodes, &req, &keys, TIMEOUT, 0.01).await;
+        assert!(matches!(e, Err(Error::NoValidity { .. })), "{e:?}");
+        assert!(nodes.iter().all(|n| n.calls().contains(&Op::Release)));
+    }
+
+    #[test]
+    fn quorum_sizes() {
+        assert_eq!(
+            (1..=7).map(quorum).collect::<Vec<_>>(),
+            vec![1, 2, 2, 3, 3, 4, 4]
+        );
+    }
+
+    #[test]
+    fn validity_subtracts_elapsed_and_drift() {
+        let ttl = Duration::from_secs(10);
+        // drift = 10 s * 0.01 + 2 ms = 102 ms
+        assert_eq!(drift(ttl, 0.01), 102 * MS);
+        assert_eq!(validity(ttl, 100 * MS, 0.01), Some(ttl - 202 * MS));
+        assert_eq!(validity(ttl, ttl - 102 * MS, 0.01), None);
+        assert_eq!(validity(ttl, ttl, 0.01), None);
+        assert_eq!(validity(ttl, ttl * 2, 0.01), None);
+        assert_eq!(validity(3 * MS, Duration::ZERO, 0.0), Some(MS));
+    }
+}

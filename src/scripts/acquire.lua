@@ -1,0 +1,13 @@
+-- Acquire: all-or-nothing over every key of the lock.
+-- KEYS = the lock's keys, ARGV[1] = owner token, ARGV[2] = ttl in milliseconds.
+-- GET (not EXISTS) so that a key holding another type raises WRONGTYPE instead
+-- of looking like a competing owner; nothing is written in that case.
+for _, key in ipairs(KEYS) do
+  if redis.call("GET", key) then
+    return 0
+  end
+end
+for _, key in ipairs(KEYS) do
+  redis.call("SET", key, ARGV[1], "PX", ARGV[2])
+end
+return #KEYS
