@@ -346,13 +346,13 @@ fn validate(config: &Config) -> Result<(), InvalidInput> {
     if let Some(t) = config.max_hold {
         positive("max_hold", t)?;
     }
-    if let Backoff::Exponential { base, max } = config.backoff {
-        if base > max {
-            return Err(InvalidInput::BadOption {
-                option: "backoff",
-                reason: format!("the base delay {base:?} exceeds the maximum {max:?}"),
-            });
-        }
+    if let Backoff::Exponential { base, max } = config.backoff
+        && base > max
+    {
+        return Err(InvalidInput::BadOption {
+            option: "backoff",
+            reason: format!("the base delay {base:?} exceeds the maximum {max:?}"),
+        });
     }
     Ok(())
 }

@@ -50,7 +50,9 @@ pub enum Event {
 
 /// The hook that receives [`Event`]s.
 #[derive(Clone)]
-pub(crate) struct EventHook(Option<Arc<dyn Fn(&Event) + Send + Sync>>);
+pub(crate) struct EventHook(Option<Arc<HookFn>>);
+
+type HookFn = dyn Fn(&Event) + Send + Sync;
 
 impl EventHook {
     pub(crate) fn none() -> Self {

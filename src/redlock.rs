@@ -168,14 +168,14 @@ impl Redlock {
             let Some(delay) = delays.next() else {
                 return Err(with_attempts(error, attempts));
             };
-            if let Some(deadline) = deadline {
-                if Instant::now() + delay >= deadline {
-                    return Err(Error::AcquireTimeout {
-                        waited: started.elapsed(),
-                        attempts,
-                        last: Some(Box::new(with_attempts(error, attempts))),
-                    });
-                }
+            if let Some(deadline) = deadline
+                && Instant::now() + delay >= deadline
+            {
+                return Err(Error::AcquireTimeout {
+                    waited: started.elapsed(),
+                    attempts,
+                    last: Some(Box::new(with_attempts(error, attempts))),
+                });
             }
             tracing::trace!(?delay, attempts, %error, "lock attempt failed; retrying");
             tokio::time::sleep(delay).await;
@@ -265,7 +265,7 @@ impl fmt::Debug for Redlock {
             .shared
             .nodes
             .iter()
-            .map(|n| crate::node::Node::addr(n))
+            .map(crate::node::Node::addr)
             .collect();
         f.debug_struct("Redlock")
             .field("nodes", &nodes)

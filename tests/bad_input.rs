@@ -1,0 +1,124 @@
+//! Bad input is a typed error returned before any network traffic; nothing is locked.
+
+mod support;
+
+use std::time::Duration;
+
+use redfence::{Error, InvalidInput, MAX_TTL, Redlock};
+use support::Servers;
+
+const TTL: Duration = Duration::from_secs(5);
+
+fn invalid(result: Result<impl std::fmt::Debug, Error>) -> InvalidInput {
+    match result {
+        Err(Error::InvalidInput(e)) => e,
+        other => panic!("expected InvalidInput, got {other:?}"),
+    }
+}
+
+/// How many clients are connected to server 0 (the inspecting one included).
+fn clients(servers: &Servers) -> usize {
+    let info: String = servers.cmd(0, &["INFO", "clients"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("connected_clients")
+}
+
+#[tokio::test]
+async fn bad_requests_never_reach_a_node() {
+    let servers = Servers::start(3);
+    let redlock = servers.redlock();
+    let empty: [&str; 0] = [];
+
+    assert_eq!(
+        invalid(redlock.acquire(&empty, TTL).await),
+        InvalidInput::NoResources
+    );
+    assert_eq!(
+        invalid(redlock.acquire(&["a", ""], TTL).await),
+        InvalidInput::EmptyResource { index: 1 }
+    );
+    assert_eq!(
+        invalid(redlock.try_acquire(&["a", "b", "a"], TTL).await),
+        InvalidInput::DuplicateResource {
+            resource: "a".into()
+        }
+    );
+    assert!(matches!(
+        invalid(redlock.acquire(&["a"], Duration::ZERO).await),
+        InvalidInput::ZeroTtl { .. }
+    ));
+    assert!(matches!(
+        invalid(redlock.acquire(&["a"], Duration::from_millis(2)).await),
+        InvalidInput::TtlTooShort { .. }
+    ));
+    assert!(matches!(
+        invalid(
+            redlock
+                .acquire(&["a"], MAX_TTL + Duration::from_millis(1))
+                .await
+        ),
+        InvalidInput::TtlTooLong { .. }
+    ));
+    assert!(matches!(
+        invalid(redlock.acquire(&["a"], Duration::MAX).await),
+        InvalidInput::TtlTooLong { .. }
+    ));
+    // The lazy connections were never even opened, and nothing was written.
+    assert_eq!(clients(&servers), 1);
+    for i in 0..3 {
+        assert!(servers.keys(i).is_empty());
+    }
+}
+
+#[tokio::test]
+async fn a_bad_extend_ttl_is_rejected_and_keeps_the_lock() {
+    let servers = Servers::start(3);
+    let redlock = servers.redlock();
+    let mut lock = redlock.acquire(&["a"], TTL).await.expect("acquire");
+    let expires_at = lock.expires_at();
+    assert!(matches!(
+        invalid(lock.extend(Duration::ZERO).await),
+        InvalidInput::ZeroTtl { .. }
+    ));
+    assert_eq!(lock.expires_at(), expires_at);
+    assert_eq!(servers.get(0, "a").as_deref(), Some(lock.token()));
+    lock.release().await.expect("release");
+}
+
+#[test]
+fn a_drift_factor_that_leaves_no_ttl_is_rejected_at_build() {
+    let e = invalid(
+        Redlock::builder()
+            .node("redis://127.0.0.1:1")
+            .drift_factor(f64::NAN)
+            .build(),
+    );
+    assert!(matches!(e, InvalidInput::BadDriftFactor(_)), "{e:?}");
+    assert!(e.to_string().contains("drift factor"));
+}
+
+#[tokio::test]
+async fn the_ttl_must_exceed_the_drift_of_the_configured_factor() {
+    let redlock = Redlock::builder()
+        .node("redis://127.0.0.1:1")
+        .drift_factor(0.5)
+        .build()
+        .expect("config");
+    // 4 ms * 0.5 + 2 ms = 4 ms: no validity could ever be left.
+    let e = invalid(redlock.acquire(&["a"], Duration::from_millis(4)).await);
+    assert!(matches!(e, InvalidInput::TtlTooShort { .. }), "{e:?}");
+    assert!(e.to_string().contains("drift"), "{e}");
+}
+
+#[test]
+fn errors_say_what_was_wrong() {
+    let e = invalid(
+        Redlock::builder()
+            .nodes(["redis://127.0.0.1:7001", "http://nope"])
+            .build(),
+    );
+    let msg = e.to_string();
+    assert!(msg.contains("#1") && msg.contains("http://nope"), "{msg}");
+}

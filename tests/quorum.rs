@@ -1,0 +1,191 @@
+//! The majority rule with nodes killed, paused and restarted (real redis-server processes).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use redfence::{Error, NodeFailure};
+use support::{Servers, eventually};
+
+const TTL: Duration = Duration::from_secs(5);
+
+#[tokio::test]
+async fn one_or_two_of_five_down_still_lock() {
+    for down in [1, 2] {
+        let mut servers = Servers::start(5);
+        for i in 0..down {
+            servers.kill(i);
+        }
+        let redlock = servers.builder().retry_count(0).build().expect("config");
+        let mut lock = redlock
+            .acquire(&["job"], TTL)
+            .await
+            .expect("a majority is up");
+        assert!(servers.holders("job", lock.token(), down..5).len() >= 3);
+        lock.extend(TTL).await.expect("extend with a majority up");
+        lock.release().await.expect("release with a majority up");
+        assert!(eventually(|| (down..5).all(|i| servers.keys(i).is_empty())).await);
+    }
+}
+
+#[tokio::test]
+async fn three_of_five_down_fails_closed_and_leaves_nothing() {
+    let mut servers = Servers::start(5);
+    for i in 0..3 {
+        servers.kill(i);
+    }
+    let redlock = servers.builder().retry_count(2).build().expect("config");
+    let err = redlock
+        .acquire(&["job"], TTL)
+        .await
+        .expect_err("no majority");
+    match &err {
+        Error::QuorumUnreachable {
+            granted,
+            quorum: 3,
+            nodes: 5,
+            errors,
+            ..
+        } => {
+            assert!(*granted <= 2);
+            assert_eq!(errors.len(), 3);
+            assert!(errors.iter().all(|e| e.index < 3), "{errors:?}");
+            assert!(
+                errors.iter().all(|e| matches!(
+                    e.failure,
+                    NodeFailure::Connection(_) | NodeFailure::Timeout(_)
+                )),
+                "{errors:?}"
+            );
+        }
+        other => panic!("expected QuorumUnreachable, got {other:?}"),
+    }
+    assert!(!matches!(err, Error::Contended { .. }));
+    for i in 3..5 {
+        assert!(
+            servers.keys(i).is_empty(),
+            "node {i} kept {:?}",
+            servers.keys(i)
+        );
+    }
+}
+
+#[tokio::test]
+async fn paused_nodes_cost_at_most_the_node_timeout() {
+    let servers = Servers::start(5);
+    let node_timeout = Duration::from_millis(300);
+    let redlock = servers
+        .builder()
+        .node_timeout(node_timeout)
+        .retry_count(0)
+        .build()
+        .expect("config");
+    // Warm the connections so that connecting is not measured.
+    redlock
+        .acquire(&["warm"], TTL)
+        .await
+        .expect("acquire")
+        .release()
+        .await
+        .expect("release");
+
+    // Two paused nodes: the three others make the majority, without waiting for the two.
+    servers.pause(0);
+    servers.pause(1);
+    let started = Instant::now();
+    let mut lock = redlock
+        .acquire(&["job"], TTL)
+        .await
+        .expect("majority of live nodes");
+    let took = started.elapsed();
+    assert!(
+        took < node_timeout,
+        "acquire waited for paused nodes: {took:?}"
+    );
+    lock.extend(TTL).await.expect("extend");
+    let token = lock.token().to_owned();
+    let started = Instant::now();
+    lock.release().await.expect("release");
+    assert!(
+        started.elapsed() < node_timeout,
+        "release waited for paused nodes"
+    );
+
+    // Three paused: the attempt fails after about one node timeout, not more.
+    servers.pause(2);
+    let started = Instant::now();
+    let err = redlock
+        .acquire(&["other"], TTL)
+        .await
+        .expect_err("no majority");
+    let took = started.elapsed();
+    assert!(matches!(err, Error::QuorumUnreachable { .. }), "{err:?}");
+    assert!(took >= node_timeout, "{took:?}");
+    // One timeout for the attempt and one for the release-everywhere that follows it.
+    assert!(
+        took < node_timeout * 2 + Duration::from_secs(1),
+        "took {took:?}"
+    );
+
+    // Once resumed, the queued writes land and the queued releases remove them.
+    for i in 0..3 {
+        servers.resume(i);
+    }
+    assert!(
+        eventually(|| (0..5).all(|i| servers.keys(i).is_empty())).await,
+        "keys left behind: {:?}",
+        (0..5).map(|i| servers.keys(i)).collect::<Vec<_>>()
+    );
+    assert!(servers.holders("job", &token, 0..5).is_empty());
+}
+
+#[tokio::test]
+async fn a_restarted_node_is_used_again() {
+    let mut servers = Servers::start(3);
+    let redlock = servers.redlock();
+    redlock
+        .acquire(&["a"], TTL)
+        .await
+        .expect("acquire")
+        .release()
+        .await
+        .expect("release");
+    servers.kill(0);
+    let lock = redlock.acquire(&["b"], TTL).await.expect("two of three");
+    lock.release().await.expect("release");
+    servers.restart(0);
+    // The connection comes back: a later lock reaches node 0 again (and its scripts are
+    // loaded again on the empty server).
+    let mut reached = false;
+    for _ in 0..100 {
+        let lock = redlock.acquire(&["c"], TTL).await.expect("acquire");
+        reached = servers.get(0, "c").as_deref() == Some(lock.token());
+        lock.release().await.expect("release");
+        if reached {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(reached, "node 0 never took part again after its restart");
+}
+
+#[tokio::test]
+async fn a_single_node_is_its_own_majority() {
+    let servers = Servers::start(1);
+    let redlock = servers.redlock();
+    assert_eq!(redlock.quorum(), 1);
+    let lock = redlock.acquire(&["job"], TTL).await.expect("acquire");
+    let err = redlock.try_acquire(&["job"], TTL).await.expect_err("held");
+    assert!(
+        matches!(
+            err,
+            Error::Contended {
+                denied: 1,
+                nodes: 1,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    lock.release().await.expect("release");
+}
