@@ -1,0 +1,272 @@
+//! Measures redfence against the floor, side by side, in one run.
+//!
+//! The floor is the same acquire and release scripts sent straight to the same five nodes,
+//! in parallel, with no lock logic: no validation, no vote counting, no validity, no tokens.
+//!
+//! ```sh
+//! cargo run --release --example bench            # starts five local redis-server processes
+//! BENCH_OPS=20000 cargo run --release --example bench
+//! ```
+//!
+//! Figures are printed, never asserted: speed is measured, not tested.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use redfence::Redlock;
+use redis::Script;
+use redis::aio::ConnectionManager;
+use support::Servers;
+use support::proxy::{Mode, Proxy};
+
+static ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../src/scripts/acquire.lua")));
+static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../src/scripts/release.lua")));
+
+const TTL: Duration = Duration::from_secs(10);
+const PARALLEL: usize = 64;
+
+/// The same scripts, straight to every node in parallel, waiting for every reply.
+#[derive(Clone)]
+struct Floor {
+    conns: Vec<ConnectionManager>,
+}
+
+impl Floor {
+    async fn connect(urls: &[String]) -> redis::RedisResult<Floor> {
+        let mut conns = Vec::new();
+        for url in urls {
+            conns.push(ConnectionManager::new(redis::Client::open(url.as_str())?).await?);
+        }
+        Ok(Floor { conns })
+    }
+
+    async fn acquire_release(&self, resource: &str, token: &str) -> redis::RedisResult<()> {
+        let ttl_ms = TTL.as_millis() as u64;
+        let acquired = join_all(self.conns.iter().map(|c| {
+            let mut c = c.clone();
+            async move {
+                ACQUIRE
+                    .key(resource)
+                    .arg(token)
+                    .arg(ttl_ms)
+                    .invoke_async::<i64>(&mut c)
+                    .await
+            }
+        }))
+        .await;
+        for r in acquired {
+            r?;
+        }
+        let released = join_all(self.conns.iter().map(|c| {
+            let mut c = c.clone();
+            async move {
+                RELEASE
+                    .key(resource)
+                    .arg(token)
+                    .invoke_async::<i64>(&mut c)
+                    .await
+            }
+        }))
+        .await;
+        for r in released {
+            r?;
+        }
+        Ok(())
+    }
+}
+
+async fn lock_once(redlock: &Redlock, resource: &str) -> Result<(), redfence::Error> {
+    redlock.acquire(&[resource], TTL).await?.release().await
+}
+
+struct Stats {
+    p50: Duration,
+    p99: Duration,
+}
+
+fn stats(mut samples: Vec<Duration>) -> Stats {
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
+    Stats {
+        p50: at(0.50),
+        p99: at(0.99),
+    }
+}
+
+fn micros(d: Duration) -> String {
+    format!("{:.0} µs", d.as_secs_f64() * 1e6)
+}
+
+/// Sequential latency of redfence and of the floor, interleaved in blocks so that both see
+/// the same machine conditions.
+async fn latency(redlock: &Redlock, floor: &Floor, ops: usize) -> (Stats, Stats) {
+    let (mut ours, mut theirs) = (Vec::with_capacity(ops), Vec::with_capacity(ops));
+    for block in 0..ops / 100 {
+        for i in 0..100 {
+            let resource = format!("bench:seq:{block}:{i}");
+            let t = Instant::now();
+            lock_once(redlock, &resource)
+                .await
+                .expect("redfence acquire+release");
+            ours.push(t.elapsed());
+            let t = Instant::now();
+            floor
+                .acquire_release(&resource, "floor-token")
+                .await
+                .expect("floor acquire+release");
+            theirs.push(t.elapsed());
+        }
+    }
+    (stats(ours), stats(theirs))
+}
+
+/// Operations per second with `PARALLEL` tasks on distinct resources.
+async fn throughput<F, Fut>(ops_per_task: usize, op: F) -> f64
+where
+    F: Fn(String) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..PARALLEL)
+        .map(|t| {
+            let op = op.clone();
+            tokio::spawn(async move {
+                for i in 0..ops_per_task {
+                    op(format!("bench:par:{t}:{i}")).await;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("bench task");
+    }
+    (PARALLEL * ops_per_task) as f64 / started.elapsed().as_secs_f64()
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let ops: usize = std::env::var("BENCH_OPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5_000)
+        .max(100);
+    let servers = Servers::start(5);
+    let urls = servers.urls();
+    let redlock = Redlock::builder()
+        .nodes(urls.clone())
+        .build()
+        .expect("config");
+    let floor = Floor::connect(&urls).await.expect("connect the floor");
+
+    // Warm up both: connections, loaded scripts, allocator.
+    latency(&redlock, &floor, 500).await;
+
+    println!(
+        "redfence bench: 5 local redis-server nodes, {ops} sequential ops, {PARALLEL}-way parallel"
+    );
+    println!(
+        "{:<34} {:>14} {:>14} {:>8}",
+        "measure", "redfence", "floor", "ratio"
+    );
+    let (ours, theirs) = latency(&redlock, &floor, ops).await;
+    let row = |name: &str, a: String, b: String, ratio: f64| {
+        println!("{name:<34} {a:>14} {b:>14} {ratio:>7.2}x");
+    };
+    row(
+        "acquire+release p50",
+        micros(ours.p50),
+        micros(theirs.p50),
+        ours.p50.as_secs_f64() / theirs.p50.as_secs_f64(),
+    );
+    row(
+        "acquire+release p99",
+        micros(ours.p99),
+        micros(theirs.p99),
+        ours.p99.as_secs_f64() / theirs.p99.as_secs_f64(),
+    );
+
+    let per_task = (ops / PARALLEL).max(20);
+    let ours_tp = {
+        let redlock = redlock.clone();
+        throughput(per_task, move |r| {
+            let redlock = redlock.clone();
+            async move { lock_once(&redlock, &r).await.expect("redfence") }
+        })
+        .await
+    };
+    let floor_tp = {
+        let floor = Arc::new(floor.clone());
+        throughput(per_task, move |r| {
+            let floor = Arc::clone(&floor);
+            async move {
+                floor
+                    .acquire_release(&r, "floor-token")
+                    .await
+                    .expect("floor")
+            }
+        })
+        .await
+    };
+    row(
+        &format!("{PARALLEL}-way throughput (ops/s)"),
+        format!("{ours_tp:.0}"),
+        format!("{floor_tp:.0}"),
+        ours_tp / floor_tp,
+    );
+
+    // One node behind a proxy that adds 50 ms each way: the majority answers first.
+    let proxy = Proxy::start(servers.port(4)).await;
+    proxy.set(Mode::Delay(Duration::from_millis(50)));
+    let mut slowed_urls = urls[..4].to_vec();
+    slowed_urls.push(proxy.url());
+    let slowed = Redlock::builder()
+        .nodes(slowed_urls)
+        .build()
+        .expect("config");
+    let healthy = {
+        let mut samples = Vec::new();
+        for i in 0..ops.min(2_000) {
+            let t = Instant::now();
+            lock_once(&redlock, &format!("bench:healthy:{i}"))
+                .await
+                .expect("healthy");
+            samples.push(t.elapsed());
+        }
+        stats(samples)
+    };
+    let slow = {
+        lock_once(&slowed, "bench:slow:warm").await.expect("warm");
+        let mut samples = Vec::new();
+        for i in 0..ops.min(2_000) {
+            let t = Instant::now();
+            lock_once(&slowed, &format!("bench:slow:{i}"))
+                .await
+                .expect("slowed");
+            samples.push(t.elapsed());
+        }
+        stats(samples)
+    };
+    println!(
+        "{:<34} {:>14} {:>14} {:>7.2}x",
+        "one node +50 ms: p50 vs healthy",
+        micros(slow.p50),
+        micros(healthy.p50),
+        slow.p50.as_secs_f64() / healthy.p50.as_secs_f64()
+    );
+    println!(
+        "{:<34} {:>14} {:>14} {:>7.2}x",
+        "one node +50 ms: p99 vs healthy",
+        micros(slow.p99),
+        micros(healthy.p99),
+        slow.p99.as_secs_f64() / healthy.p99.as_secs_f64()
+    );
+    println!(
+        "targets: p50 ratio <= 1.30x, throughput ratio >= 0.80x, slowed p50 <= 1.50x of healthy"
+    );
+}
