@@ -61,7 +61,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations, rust_2018_idioms)]
-#![doc(test(attr(deny(warnings))))]
+#![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
 mod builder;
 mod error;

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Runs every test: installs what is missing, builds the offline Redis image for the
+# docker-compose harness when Docker is available, then `cargo test --all-features`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup.sh
+
+if command -v docker >/dev/null 2>&1 && command -v docker-compose >/dev/null 2>&1 \
+    && docker info >/dev/null 2>&1; then
+    bash docker/build-image.sh
+    export REDFENCE_DOCKER=1
+else
+    echo "[test] Docker or docker-compose is not available: the compose-harness tests will be skipped"
+fi
+
+cargo test --all-features "$@"
