@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, LossReason};
 use crate::events::Event;
 use crate::node::Op;
-use crate::quorum::{self, Until};
+use crate::quorum::{self, Settled, Until};
 use crate::redlock::{Shared, Target, validate_ttl};
 
 /// A lock held on a majority of nodes, until [`expires_at`](Lock::expires_at).
@@ -26,6 +26,8 @@ pub struct Lock {
     token: Arc<str>,
     expires_at: Instant,
     fence: Option<u64>,
+    /// The calls of the last round still running: the next round follows them.
+    settled: Settled,
     released: bool,
 }
 
@@ -36,6 +38,7 @@ impl Lock {
         token: Arc<str>,
         expires_at: Instant,
         fence: Option<u64>,
+        settled: Settled,
     ) -> Self {
         Lock {
             shared,
@@ -43,6 +46,7 @@ impl Lock {
             token,
             expires_at,
             fence,
+            settled,
             released: false,
         }
     }
@@ -104,7 +108,7 @@ impl Lock {
             return Err(self.lost(LossReason::Expired));
         }
         let start = Instant::now();
-        let tally = self
+        let round = self
             .shared
             .round(
                 Op::Extend,
@@ -112,9 +116,12 @@ impl Lock {
                 &self.token,
                 ttl,
                 Until::Granted,
+                &self.settled,
             )
             .await;
         let elapsed = start.elapsed();
+        let (tally, settled) = round.into_parts();
+        self.settled = settled;
         if !tally.reached() {
             return Err(tally.extend_error(&self.target.resources));
         }
@@ -144,7 +151,7 @@ impl Lock {
     /// there expire at the end of their TTL.
     pub async fn release(mut self) -> Result<(), Error> {
         self.released = true;
-        let tally = self
+        let round = self
             .shared
             .round(
                 Op::Release,
@@ -152,8 +159,10 @@ impl Lock {
                 &self.token,
                 self.target.ttl,
                 Until::Answered,
+                &self.settled,
             )
             .await;
+        let (tally, _) = round.into_parts();
         if tally.answered() >= tally.quorum() {
             Ok(())
         } else {
@@ -183,9 +192,12 @@ impl Drop for Lock {
         let resources = Arc::clone(&self.target.resources);
         let token = Arc::clone(&self.token);
         let ttl = self.target.ttl;
+        let settled = self.settled.clone();
         runtime.spawn(async move {
             let tally = shared
-                .round(Op::Release, &keys, &token, ttl, Until::All)
+                .round(Op::Release, &keys, &token, ttl, Until::All, &settled)
+                .await
+                .finish(&shared.nodes, Op::Release)
                 .await;
             if tally.answered() < tally.quorum() {
                 shared.config.events.emit(Event::ReleaseFailed {

@@ -116,6 +116,10 @@ impl Shared {
     }
 }
 
+fn req_addr(shared: &Shared) -> String {
+    shared.client.get_connection_info().addr().to_string()
+}
+
 impl Node for RedisNode {
     fn call(
         &self,
@@ -137,8 +141,17 @@ impl Node for RedisNode {
             }
             // EVALSHA; on NOSCRIPT (a restarted or flushed node) the script is loaded and
             // the call repeated.
-            let reply: i64 = invocation.invoke_async(&mut conn).await?;
-            Ok(reply)
+            match invocation.invoke_async(&mut conn).await {
+                Ok(reply) => Ok(reply),
+                // The first call on a connection the server dropped (a restart, a reset) fails
+                // and makes the manager reconnect: repeat it once on the new connection. All
+                // three scripts are idempotent for one token; node_timeout still bounds this.
+                Err(err) if err.is_io_error() || err.is_connection_dropped() => {
+                    tracing::debug!(node = %req_addr(&shared), %err, "connection lost; retrying once");
+                    Ok(invocation.invoke_async(&mut conn).await?)
+                }
+                Err(err) => Err(err.into()),
+            }
         }
     }
 

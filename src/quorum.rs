@@ -4,10 +4,13 @@
 //! decided as soon as a majority agreed or a majority became impossible, and the stragglers
 //! finish in the background.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
+use tokio::sync::watch;
 
 use crate::Error;
 use crate::error::{LossReason, NodeError, NodeFailure};
@@ -63,6 +66,25 @@ impl Tally {
 
     pub(crate) fn quorum(&self) -> usize {
         quorum(self.nodes)
+    }
+
+    /// Counts one node's outcome.
+    fn record<N: Node>(
+        &mut self,
+        nodes: &[N],
+        op: Op,
+        index: usize,
+        result: Result<i64, NodeFailure>,
+    ) {
+        match result {
+            Ok(reply) if reply > 0 || op == Op::Release => self.granted += 1,
+            Ok(_) => self.denied += 1,
+            Err(failure) => self.errors.push(NodeError {
+                index,
+                addr: nodes[index].addr().to_owned(),
+                failure,
+            }),
+        }
     }
 
     /// A majority granted.
@@ -133,80 +155,159 @@ impl Tally {
     }
 }
 
+/// One node call of a round: the node's index and its outcome.
+type Call = BoxFuture<'static, (usize, Result<i64, NodeFailure>)>;
+
+/// A decided round: the votes, and the calls still running when it was decided.
+pub(crate) struct Round {
+    pub(crate) tally: Tally,
+    pending: FuturesUnordered<Call>,
+    answered: Vec<bool>,
+}
+
+impl Round {
+    /// The votes so far; the calls still running finish in the background (each bounded by
+    /// the node timeout), and the returned [`Settled`] tells a later round when they have.
+    pub(crate) fn into_parts(self) -> (Tally, Settled) {
+        if self.pending.is_empty() {
+            return (self.tally, Settled::none());
+        }
+        let (done, rx) = watch::channel(false);
+        let mut pending = self.pending;
+        tokio::spawn(async move {
+            while pending.next().await.is_some() {}
+            let _ = done.send(true);
+        });
+        let settled = Settled {
+            pending: self.answered.iter().map(|answered| !answered).collect(),
+            done: rx,
+        };
+        (self.tally, settled)
+    }
+
+    /// Waits for the calls still running (each bounded by the node timeout) and counts them in.
+    pub(crate) async fn finish<N: Node>(mut self, nodes: &[N], op: Op) -> Tally {
+        while let Some((index, result)) = self.pending.next().await {
+            self.tally.record(nodes, op, index, result);
+        }
+        self.tally
+    }
+}
+
+/// The nodes whose call in an earlier round of a lock was still running when that round was
+/// decided, and a way to wait until those calls have finished or timed out.
+///
+/// A later round of the same lock sends to those nodes only after that, so that on each node
+/// the lock's requests run in the order they were made: a release never overtakes the acquire
+/// it undoes (which would leave our key behind until its TTL), not even across a reconnect.
+#[derive(Clone, Debug)]
+pub(crate) struct Settled {
+    pending: Arc<[bool]>,
+    done: watch::Receiver<bool>,
+}
+
+impl Settled {
+    /// Nothing to wait for.
+    pub(crate) fn none() -> Self {
+        let (_, rx) = watch::channel(true);
+        Settled {
+            pending: Arc::from(Vec::new()),
+            done: rx,
+        }
+    }
+
+    fn holds(&self, index: usize) -> bool {
+        self.pending.get(index).copied().unwrap_or(false)
+    }
+
+    async fn wait(mut self) {
+        // An error means the draining task is gone (its runtime shut down): nothing to wait for.
+        let _ = self.done.wait_for(|done| *done).await;
+    }
+}
+
 /// Sends `req` to every node at once, each call bounded by `timeout`, and returns as soon as
-/// the round is decided by `until`. Calls still running then go on in the background (each
-/// still bounded by `timeout`), so their effects land in order on each connection.
+/// the round is decided by `until`, with the calls still running. A node that still had a
+/// call running from the earlier round `after` gets this request only once that call ended.
 pub(crate) async fn fan_out<N: Node>(
     nodes: &[N],
     req: &Request,
     timeout: Duration,
     until: Until,
-) -> Tally {
-    let mut pending: FuturesUnordered<_> = nodes
+    after: &Settled,
+) -> Round {
+    let mut pending: FuturesUnordered<Call> = nodes
         .iter()
         .enumerate()
         .map(|(index, node)| {
             let call = node.call(req);
-            async move {
+            let gate = after.holds(index).then(|| after.clone());
+            let call: Call = Box::pin(async move {
+                if let Some(gate) = gate {
+                    gate.wait().await;
+                }
                 let result = match tokio::time::timeout(timeout, call).await {
                     Ok(result) => result,
                     Err(_) => Err(NodeFailure::Timeout(timeout)),
                 };
                 (index, result)
-            }
+            });
+            call
         })
         .collect();
     let mut tally = Tally::new(nodes.len());
+    let mut answered = vec![false; nodes.len()];
     while !tally.decided(until) {
         let Some((index, result)) = pending.next().await else {
             break;
         };
-        match result {
-            Ok(reply) if reply > 0 || req.op == Op::Release => tally.granted += 1,
-            Ok(_) => tally.denied += 1,
-            Err(failure) => tally.errors.push(NodeError {
-                index,
-                addr: nodes[index].addr().to_owned(),
-                failure,
-            }),
-        }
+        answered[index] = true;
+        tally.record(nodes, req.op, index, result);
     }
-    if !pending.is_empty() {
-        tokio::spawn(async move { while pending.next().await.is_some() {} });
+    Round {
+        tally,
+        pending,
+        answered,
     }
-    tally
 }
 
 /// One acquire attempt over `nodes`: fan out, count, compute the validity, and on failure
 /// release on every node (also those that failed or timed out: their write may have landed).
-/// On success returns how long after `start` the lock stays valid (`ttl - drift`); the caller
-/// adds it to an instant taken before the call, which keeps the validity conservative.
+///
+/// On success returns how long after `start` the lock stays valid (`ttl - drift`) — the caller
+/// adds it to an instant taken before the call, which keeps the validity conservative — and
+/// the calls still running, which later rounds of the lock must follow.
 pub(crate) async fn acquire_round<N: Node>(
     nodes: &[N],
     req: &Request,
     resources: &[String],
     node_timeout: Duration,
     drift_factor: f64,
-) -> Result<Duration, Error> {
+) -> Result<(Duration, Settled), Error> {
     debug_assert_eq!(req.op, Op::Acquire);
     let ttl = Duration::from_millis(req.ttl_ms);
     // Tokio's clock is the monotonic clock (and can be paused in unit tests).
     let start = tokio::time::Instant::now();
-    let tally = fan_out(nodes, req, node_timeout, Until::Granted).await;
+    let round = fan_out(nodes, req, node_timeout, Until::Granted, &Settled::none()).await;
     let elapsed = start.elapsed();
-    let error = if tally.reached() {
-        match validity(ttl, elapsed, drift_factor) {
-            Some(valid) => return Ok(elapsed + valid),
-            None => Error::NoValidity {
-                ttl,
-                elapsed,
-                drift: drift(ttl, drift_factor),
-            },
+    let reached = round.tally.reached();
+    if reached && let Some(valid) = validity(ttl, elapsed, drift_factor) {
+        let (_, settled) = round.into_parts();
+        return Ok((elapsed + valid, settled));
+    }
+    // Let the calls still running land (or time out) first, so that the release follows them
+    // on every node; their outcomes complete the error.
+    let tally = round.finish(nodes, req.op).await;
+    let error = if reached {
+        Error::NoValidity {
+            ttl,
+            elapsed,
+            drift: drift(ttl, drift_factor),
         }
     } else {
         tally.acquire_error(resources)
     };
-    release_everywhere(nodes, req, node_timeout).await;
+    release_everywhere(nodes, req, node_timeout, &Settled::none()).await;
     Err(error)
 }
 
@@ -216,12 +317,16 @@ pub(crate) async fn release_everywhere<N: Node>(
     nodes: &[N],
     req: &Request,
     node_timeout: Duration,
+    after: &Settled,
 ) -> Tally {
     let release = Request {
         op: Op::Release,
         ..req.clone()
     };
-    fan_out(nodes, &release, node_timeout, Until::All).await
+    fan_out(nodes, &release, node_timeout, Until::All, after)
+        .await
+        .finish(nodes, Op::Release)
+        .await
 }
 
 #[cfg(test)]
@@ -244,20 +349,31 @@ mod tests {
         Never,
     }
 
+    /// What a fake node saw: which script, when it started and when it ended.
+    #[derive(Clone, Debug)]
+    struct Seen {
+        op: Op,
+        started: tokio::time::Instant,
+        ended: Option<tokio::time::Instant>,
+    }
+
     struct FakeNode {
         behaviour: Fake,
-        calls: Arc<Mutex<Vec<Op>>>,
+        seen: Arc<Mutex<Vec<Seen>>>,
     }
 
     impl FakeNode {
         fn new(behaviour: Fake) -> Self {
             FakeNode {
                 behaviour,
-                calls: Arc::default(),
+                seen: Arc::default(),
             }
         }
+        fn seen(&self) -> Vec<Seen> {
+            self.seen.lock().map(|c| c.clone()).unwrap_or_default()
+        }
         fn calls(&self) -> Vec<Op> {
-            self.calls.lock().map(|c| c.clone()).unwrap_or_default()
+            self.seen().iter().map(|s| s.op).collect()
         }
     }
 
@@ -266,16 +382,23 @@ mod tests {
             &self,
             req: &Request,
         ) -> impl Future<Output = Result<i64, NodeFailure>> + Send + 'static {
-            if let Ok(mut calls) = self.calls.lock() {
-                calls.push(req.op);
-            }
             let behaviour = if req.op == Op::Acquire {
                 self.behaviour
             } else {
                 Fake::Grant
             };
+            let (seen, op) = (Arc::clone(&self.seen), req.op);
             async move {
-                match behaviour {
+                // Recorded when the call really starts (after any gate), not when it is made.
+                let slot = seen.lock().ok().map(|mut s| {
+                    s.push(Seen {
+                        op,
+                        started: tokio::time::Instant::now(),
+                        ended: None,
+                    });
+                    s.len() - 1
+                });
+                let result = match behaviour {
                     Fake::Grant => Ok(1),
                     Fake::Deny => Ok(0),
                     Fake::Fail => Err(NodeFailure::Reply(redis::RedisError::from((
@@ -287,7 +410,11 @@ mod tests {
                         Ok(1)
                     }
                     Fake::Never => std::future::pending().await,
+                };
+                if let (Some(slot), Ok(mut s)) = (slot, seen.lock()) {
+                    s[slot].ended = Some(tokio::time::Instant::now());
                 }
+                result
             }
         }
         fn addr(&self) -> &str {
@@ -370,7 +497,15 @@ mod tests {
                 let nodes: Vec<_> = behaviours.iter().map(|b| FakeNode::new(*b)).collect();
                 let (want_granted, want_time) = expected(&behaviours);
                 let start = tokio::time::Instant::now();
-                let tally = fan_out(&nodes, &request(), TIMEOUT, Until::Granted).await;
+                let tally = fan_out(
+                    &nodes,
+                    &request(),
+                    TIMEOUT,
+                    Until::Granted,
+                    &Settled::none(),
+                )
+                .await
+                .tally;
                 let took = start.elapsed();
                 assert_eq!(tally.reached(), want_granted, "{behaviours:?}: {tally:?}");
                 assert_eq!(took, want_time, "{behaviours:?}: decided at the wrong time");
@@ -464,6 +599,52 @@ mod tests {
         let e = acquire_round(&nodes, &req, &keys, TIMEOUT, 0.01).await;
         assert!(matches!(e, Err(Error::NoValidity { .. })), "{e:?}");
         assert!(nodes.iter().all(|n| n.calls().contains(&Op::Release)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_never_overtakes_the_acquire_it_follows() {
+        use Fake::*;
+        let behaviours = [Grant, Grant, Grant, Slow(40 * MS), Never];
+        let nodes: Vec<_> = behaviours.iter().map(|b| FakeNode::new(*b)).collect();
+        let req = request();
+        let t0 = tokio::time::Instant::now();
+        let (_, settled) = acquire_round(&nodes, &req, &["k".to_string()], TIMEOUT, 0.01)
+            .await
+            .expect("a majority granted at once");
+        assert_eq!(t0.elapsed(), Duration::ZERO, "waited for the stragglers");
+
+        let release = Request {
+            op: Op::Release,
+            ..req
+        };
+        let (tally, done) = fan_out(&nodes, &release, TIMEOUT, Until::Answered, &settled)
+            .await
+            .into_parts();
+        assert_eq!(
+            t0.elapsed(),
+            Duration::ZERO,
+            "the release waited for the stragglers"
+        );
+        assert!(tally.answered() >= 3);
+        done.wait().await;
+
+        // The slow node got the release only after its acquire had finished...
+        let slow = nodes[3].seen();
+        assert_eq!(
+            slow.iter().map(|s| s.op).collect::<Vec<_>>(),
+            [Op::Acquire, Op::Release]
+        );
+        assert_eq!(slow[0].ended, Some(t0 + 40 * MS));
+        assert!(slow[1].started >= t0 + 40 * MS, "{slow:?}");
+        // ... and the hung node only after its acquire had timed out.
+        let hung = nodes[4].seen();
+        assert_eq!(
+            hung.iter().map(|s| s.op).collect::<Vec<_>>(),
+            [Op::Acquire, Op::Release]
+        );
+        assert!(hung[1].started >= t0 + TIMEOUT, "{hung:?}");
+        // The fast nodes were released at once.
+        assert_eq!(nodes[0].seen()[1].started, t0);
     }
 
     #[test]

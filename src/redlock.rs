@@ -8,7 +8,7 @@ use crate::builder::{Config, RedlockBuilder};
 use crate::error::FencingError;
 use crate::lock::Lock;
 use crate::node::{Op, RedisNode, Request};
-use crate::quorum::{self, Until};
+use crate::quorum::{self, Settled, Until};
 use crate::{Error, InvalidInput};
 
 /// The longest TTL redfence sends to Redis: about 146 million years, far inside what Redis
@@ -193,7 +193,7 @@ impl Redlock {
             ttl_ms: millis(target.ttl),
         };
         let start = Instant::now();
-        let valid_for = quorum::acquire_round(
+        let (valid_for, settled) = quorum::acquire_round(
             &shared.nodes,
             &req,
             &target.resources,
@@ -205,7 +205,8 @@ impl Redlock {
         let fence = match self.fence(&target.resources, expires_at).await {
             Ok(fence) => fence,
             Err(error) => {
-                quorum::release_everywhere(&shared.nodes, &req, config.node_timeout).await;
+                quorum::release_everywhere(&shared.nodes, &req, config.node_timeout, &settled)
+                    .await;
                 return Err(error.into());
             }
         };
@@ -215,6 +216,7 @@ impl Redlock {
             req.token,
             expires_at,
             fence,
+            settled,
         ))
     }
 
@@ -240,7 +242,9 @@ impl Redlock {
 }
 
 impl Shared {
-    /// Sends one request for a lock to every node.
+    /// Sends one request for a lock to every node, each after the lock's previous call to
+    /// that node finished (see [`Settled`]).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn round(
         &self,
         op: Op,
@@ -248,14 +252,15 @@ impl Shared {
         token: &Arc<str>,
         ttl: Duration,
         until: Until,
-    ) -> quorum::Tally {
+        after: &Settled,
+    ) -> quorum::Round {
         let req = Request {
             op,
             keys: Arc::clone(keys),
             token: Arc::clone(token),
             ttl_ms: millis(ttl),
         };
-        quorum::fan_out(&self.nodes, &req, self.config.node_timeout, until).await
+        quorum::fan_out(&self.nodes, &req, self.config.node_timeout, until, after).await
     }
 }
 

@@ -2,8 +2,11 @@
 -- KEYS = the lock's keys, ARGV[1] = owner token, ARGV[2] = ttl in milliseconds.
 -- GET (not EXISTS) so that a key holding another type raises WRONGTYPE instead
 -- of looking like a competing owner; nothing is written in that case.
+-- A key that already holds our own token counts as ours, so that repeating the
+-- same request (after a dropped connection) is harmless.
 for _, key in ipairs(KEYS) do
-  if redis.call("GET", key) then
+  local value = redis.call("GET", key)
+  if value and value ~= ARGV[1] then
     return 0
   end
 end

@@ -16,7 +16,8 @@ pub enum Mode {
     Pass,
     /// Forward every chunk, in each direction, `Duration` after it arrived.
     Delay(Duration),
-    /// Accept and read, forward nothing (a hung host or a dropped route).
+    /// Accept and read, but forward nothing until the mode changes (a partition: like TCP
+    /// retransmission, the bytes are delivered in order once it heals, never lost mid-stream).
     Blackhole,
     /// Close every connection and refuse new ones (connection resets).
     Cut,
@@ -98,12 +99,18 @@ async fn pump(
 ) {
     let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let writer_mode = Arc::clone(&mode);
+    let mut writer_changes = changes.clone();
     let writer = tokio::spawn(async move {
         while let Some((arrived, bytes)) = rx.recv().await {
-            let current = *writer_mode.lock().expect("mode");
+            let mut current = *writer_mode.lock().expect("mode");
+            while current == Mode::Blackhole {
+                if writer_changes.changed().await.is_err() {
+                    return;
+                }
+                current = *writer_changes.borrow();
+            }
             match current {
-                Mode::Blackhole => continue,
-                Mode::Cut => return,
+                Mode::Blackhole | Mode::Cut => return,
                 Mode::Delay(d) => tokio::time::sleep_until(arrived + d).await,
                 Mode::Pass => {}
             }
