@@ -94,7 +94,14 @@ async fn availability(cluster: &mut dyn Cluster, fault: Fault, down: [usize; 3])
         eventually(|| (0..5).all(|i| cluster.keys(i).is_empty())).await,
         "{name}/{fault:?}: keys left after healing"
     );
-    let lock = redlock
+    // Connections that were cut off resume with TCP's retransmission backoff: allow seconds.
+    let patient = Redlock::builder()
+        .nodes(cluster.urls())
+        .retry_count(u32::MAX)
+        .acquire_timeout(Duration::from_secs(20))
+        .build()
+        .expect("config");
+    let lock = patient
         .acquire(&[job], TTL)
         .await
         .expect("healed cluster locks");
