@@ -1,8 +1,8 @@
 //! PostgreSQL: a durable fencing counter ([`PostgresCounter`]), and the storage side, which
 //! checks tokens inside the caller's own transaction ([`FencedUpdate`], [`FenceGuards`]).
 //!
-//! Needs the `postgres` feature. The crate re-exports [`tokio_postgres`](crate::tokio_postgres)
-//! so that callers name the same types.
+//! Needs the `postgres` feature. The crate re-exports [`tokio_postgres`] so that callers
+//! name the same types.
 //!
 //! # The two storage-side forms
 //!
@@ -202,6 +202,7 @@ impl PostgresCounter {
     /// # drop(counter);
     /// # Ok(())
     /// # }
+    /// # fn main() { let _ = run; }
     /// ```
     pub fn new(client: impl Into<Arc<Client>>) -> Self {
         Self::from_source(Source::Shared(client.into()))
@@ -646,6 +647,7 @@ impl FencedWriteError {
 /// }
 /// # Ok(())
 /// # }
+/// # fn main() { let _ = run; }
 /// ```
 #[must_use = "a FencedUpdate does nothing until `execute` is called"]
 pub struct FencedUpdate<'a> {
@@ -827,6 +829,7 @@ impl fmt::Debug for FencedUpdate<'_> {
 /// tx.commit().await?; // the mutations and the new fence, together
 /// # Ok(())
 /// # }
+/// # fn main() { let _ = run; }
 /// ```
 #[derive(Clone)]
 pub struct FenceGuards {

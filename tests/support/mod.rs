@@ -5,6 +5,7 @@
 //! killed when the [`Servers`] value is dropped.
 #![allow(dead_code)]
 
+pub mod postgres;
 pub mod proxy;
 
 use std::net::TcpListener;
