@@ -998,4 +998,60 @@ mod pg {
             assert_eq!(last(r).await, Some(21), "{r}");
         }
     }
+
+    #[tokio::test]
+    async fn claim_lock_takes_the_resources_and_fence_from_the_lock() {
+        let servers = Servers::start(3);
+        let pg = Postgres::start();
+        let mut client = pg.client().await;
+        let guards = FenceGuards::new();
+        guards.create_table(&client).await.expect("create");
+        let redlock = servers
+            .builder()
+            .fencing(PostgresCounter::connect(&pg.url()).expect("config"))
+            .build()
+            .expect("config");
+
+        let first = redlock.acquire(&["r1", "r2"], TTL).await.expect("acquire");
+        let tx = client.transaction().await.expect("begin");
+        guards.claim_lock(&tx, &first).await.expect("claim");
+        tx.commit().await.expect("commit");
+        let rows = client
+            .query(
+                "SELECT resource, last_fence FROM redfence_guards ORDER BY resource",
+                &[],
+            )
+            .await
+            .expect("select");
+        let fence = first.fence().expect("fence") as i64;
+        let table: Vec<(String, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        assert_eq!(table, vec![("r1".into(), fence), ("r2".into(), fence)]);
+
+        // The same claim again (a retried transaction of the same owner) is stale: a fence
+        // is accepted once.
+        let tx = client.transaction().await.expect("begin");
+        let err = guards.claim_lock(&tx, &first).await.expect_err("used");
+        assert!(err.is_ownership_lost(), "{err:?}");
+        tx.rollback().await.expect("rollback");
+        first.release().await.expect("release");
+
+        // A lock without a fence, and an empty claim, are refused rather than protecting
+        // nothing.
+        let unfenced = servers
+            .redlock()
+            .acquire(&["r3"], TTL)
+            .await
+            .expect("acquire");
+        let tx = client.transaction().await.expect("begin");
+        let err = guards
+            .claim_lock(&tx, &unfenced)
+            .await
+            .expect_err("no fence");
+        assert!(matches!(err, FencedWriteError::NoFence(_)), "{err:?}");
+        let none: &[&str] = &[];
+        let err = guards.claim_all(&tx, none, 1).await.expect_err("nothing");
+        assert!(matches!(err, FencedWriteError::NoResource), "{err:?}");
+        tx.rollback().await.expect("rollback");
+        unfenced.release().await.expect("release");
+    }
 }

@@ -567,6 +567,15 @@ pub enum FencedWriteError {
     #[error("fence {0} does not fit a bigint column (the largest is {max})", max = i64::MAX)]
     FenceOutOfRange(u64),
 
+    /// [`FenceGuards::claim_lock`] was given a lock that carries no fence: the lock
+    /// manager has no fencing counter configured.
+    #[error("the lock on {0:?} carries no fence: configure a counter with RedlockBuilder::fencing")]
+    NoFence(Vec<String>),
+
+    /// [`FenceGuards::claim_all`] was given no resource, which would protect nothing.
+    #[error("no resource to claim a guard for")]
+    NoResource,
+
     /// A statement failed: a database error, to handle like any other (e.g. retry the
     /// transaction on a serialization failure).
     #[error("fenced write on {table}: {step}: {detail}")]
@@ -817,9 +826,9 @@ impl fmt::Debug for FencedUpdate<'_> {
 /// let guards = FenceGuards::new(); // table `redfence_guards`
 /// guards.create_table(&*client).await?; // once, or in a migration
 ///
-/// let fence = lock.fence().ok_or("fencing is not configured")?;
 /// let tx = client.transaction().await?;
-/// if let Err(err) = guards.claim(&tx, "invoice:4821", fence).await {
+/// // Every resource of the lock, with its fence (or `claim(&tx, "invoice:4821", fence)`).
+/// if let Err(err) = guards.claim_lock(&tx, lock).await {
 ///     // `err.is_ownership_lost()`: a newer owner has written. The transaction is
 ///     // rolled back when dropped.
 ///     return Err(err.into());
@@ -930,22 +939,45 @@ impl FenceGuards {
         self.claim_all(tx, &[resource], fence).await
     }
 
-    /// [`claim`](Self::claim) for every resource of a multi-resource lock, in one statement
-    /// that locks the guard rows in sorted order (so concurrent claims cannot deadlock).
-    /// All or nothing: if any is stale, the error names it and the caller rolls back.
+    /// Claims the guards of every resource of `lock` with its fence: the least room for a
+    /// mistake (no resource name or fence to pass by hand). The same as
+    /// [`claim_all`](Self::claim_all)`(tx, lock.resources(), fence)`.
     ///
     /// # Errors
     ///
-    /// As [`claim`](Self::claim); also [`FencedWriteError::Database`] for no resource.
+    /// As [`claim_all`](Self::claim_all); [`FencedWriteError::NoFence`] when the lock
+    /// carries no fence.
+    pub async fn claim_lock(
+        &self,
+        tx: &Transaction<'_>,
+        lock: &crate::Lock,
+    ) -> Result<(), FencedWriteError> {
+        let fence = lock
+            .fence()
+            .ok_or_else(|| FencedWriteError::NoFence(lock.resources().to_vec()))?;
+        self.claim_all(tx, lock.resources(), fence).await
+    }
+
+    /// [`claim`](Self::claim) for every resource of a multi-resource lock, in one statement
+    /// that locks the guard rows in sorted order (so concurrent claims cannot deadlock).
+    /// All or nothing: if any is stale, the error names the one with the greatest accepted
+    /// fence, and the caller rolls back.
+    ///
+    /// # Errors
+    ///
+    /// As [`claim`](Self::claim); [`FencedWriteError::NoResource`] for an empty list.
     pub async fn claim_all(
         &self,
         tx: &Transaction<'_>,
-        resources: &[&str],
+        resources: &[impl AsRef<str>],
         fence: u64,
     ) -> Result<(), FencedWriteError> {
+        if resources.is_empty() {
+            return Err(FencedWriteError::NoResource);
+        }
         let fence_param =
             i64::try_from(fence).map_err(|_| FencedWriteError::FenceOutOfRange(fence))?;
-        let mut names: Vec<&str> = resources.to_vec();
+        let mut names: Vec<&str> = resources.iter().map(AsRef::as_ref).collect();
         names.sort_unstable();
         names.dedup();
         let rows = tx

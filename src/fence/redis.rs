@@ -48,7 +48,7 @@ pub const DEFAULT_REDIS_FENCE_TIMEOUT: Duration = Duration::from_secs(1);
 /// - a restore from an older snapshot or backup.
 ///
 /// `appendonly yes` with `appendfsync always` makes a single primary's counter survive a
-/// crash. Sending [`WAIT`](https://redis.io/docs/latest/commands/wait/) after each increment
+/// crash. Sending `WAIT numreplicas timeout` after each increment
 /// narrows, but does not close, the failover window (a replica that acknowledged can still
 /// lose the election, and `WAIT` does not make Redis strongly consistent). When a
 /// regression is unacceptable, use a counter in a database with durable, consistent commits
