@@ -1054,4 +1054,55 @@ mod pg {
         tx.rollback().await.expect("rollback");
         unfenced.release().await.expect("release");
     }
+
+    #[tokio::test]
+    async fn a_paused_postgres_times_out_and_the_counter_recovers() {
+        let servers = Servers::start(3);
+        let mut pg = Postgres::start();
+        let counter = Arc::new(
+            PostgresCounter::connect(&pg.url())
+                .expect("config")
+                .timeout(Duration::from_millis(300)),
+        );
+        let before = next(&counter, &["r"]).await;
+
+        pg.pause();
+        let started = Instant::now();
+        let err = counter
+            .next_fence(&names(&["r"]))
+            .await
+            .expect_err("paused");
+        assert!(err.to_string().contains("no answer within 300ms"), "{err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+
+        // Through a lock: fail closed, nothing left locked.
+        let redlock = servers
+            .builder()
+            .fencing_arc(counter.clone())
+            .fencing_timeout(Duration::from_millis(200))
+            .build()
+            .expect("config");
+        let err = redlock.acquire(&["r"], TTL).await.expect_err("paused");
+        assert!(matches!(err, Error::Fencing(_)), "{err:?}");
+        assert!(no_key_left(&servers).await);
+
+        pg.resume();
+        // The counter drops the connection it gave up on and connects again.
+        let deadline = Instant::now() + support::DEADLINE;
+        let after = loop {
+            if let Ok(fence) = counter.next_fence(&names(&["r"])).await {
+                break fence;
+            }
+            assert!(Instant::now() < deadline, "the counter did not recover");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert!(after > before);
+        let lock = redlock.acquire(&["r"], TTL).await.expect("acquire");
+        assert!(lock.fence().expect("fence") > after);
+        lock.release().await.expect("release");
+    }
 }

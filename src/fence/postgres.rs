@@ -103,7 +103,10 @@ const TRANSIENT_RETRIES: usize = 3;
 ///   connect on the first request, inside the caller's Tokio runtime, and **reconnect** on
 ///   the next request after the connection closed.
 ///
-/// Every request, connecting included, is bounded by [`timeout`](Self::timeout). A request
+/// Every request, connecting included, is bounded by [`timeout`](Self::timeout); after a
+/// request timed out (or was dropped at the lock manager's `fencing_timeout`), a counter
+/// that connects itself drops its connection and makes a new one on the
+/// next request (a socket to a vanished server may never report itself closed). A request
 /// that times out or loses its connection may still have committed: that token is skipped,
 /// which is harmless (gaps are allowed, only the order matters).
 ///
@@ -451,16 +454,46 @@ fn fence_of(row: &tokio_postgres::Row, names: &[String]) -> Result<u64, CounterE
 impl FencingCounter for PostgresCounter {
     fn next_fence<'a>(&'a self, resources: &'a [String]) -> BoxFuture<'a, Result<u64, BoxError>> {
         Box::pin(async move {
+            // If this request times out or is dropped unfinished (the lock manager's own
+            // timeout), the server may be gone for good behind a socket that never reports
+            // itself closed (a partition, a failover to another address): reconnect next time.
+            let mut reset = ResetOnCancel(Some(self));
             match tokio::time::timeout(self.timeout, self.next(resources)).await {
-                Ok(Ok(fence)) => Ok(fence),
-                Ok(Err(err)) => Err(err.into()),
-                Err(_) => Err(CounterError::new(
-                    format!("issuing a token for {resources:?}"),
-                    format!("no answer within {:?}", self.timeout),
-                )
-                .into()),
+                Ok(Ok(fence)) => {
+                    reset.0 = None;
+                    Ok(fence)
+                }
+                Ok(Err(err)) => {
+                    reset.0 = None;
+                    Err(err.into())
+                }
+                Err(_) => {
+                    // `reset` stays armed: the connection is dropped when it goes out of scope.
+                    Err(CounterError::new(
+                        format!("issuing a token for {resources:?}"),
+                        format!("no answer within {:?}", self.timeout),
+                    )
+                    .into())
+                }
             }
         })
+    }
+}
+
+/// Drops the cached connection of a counter that connects itself, when dropped armed.
+struct ResetOnCancel<'a>(Option<&'a PostgresCounter>);
+
+impl Drop for ResetOnCancel<'_> {
+    fn drop(&mut self) {
+        if let Some(PostgresCounter {
+            source: Source::Owned(connector),
+            ..
+        }) = self.0
+            // Busy means another request is (re)connecting right now: nothing to drop.
+            && let Ok(mut current) = connector.current.try_lock()
+        {
+            *current = None;
+        }
     }
 }
 

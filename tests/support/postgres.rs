@@ -17,6 +17,7 @@ pub struct Postgres {
     dir: tempfile::TempDir,
     port: u16,
     running: bool,
+    paused: Vec<u32>,
 }
 
 /// Where the server binaries are.
@@ -83,6 +84,7 @@ impl Postgres {
             dir,
             port: 0,
             running: false,
+            paused: Vec::new(),
         };
         pg.run(
             "initdb",
@@ -208,6 +210,64 @@ impl Postgres {
         self.start_again();
     }
 
+    /// The postmaster's pid and its children's (the backends): the whole server.
+    fn pids(&self) -> Vec<u32> {
+        let pid_file = std::fs::read_to_string(self.data().join("postmaster.pid"))
+            .expect("read postmaster.pid");
+        let postmaster: u32 = pid_file
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .expect("postmaster pid");
+        let mut pids = vec![postmaster];
+        for entry in std::fs::read_dir("/proc").expect("read /proc").flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            // /proc/PID/stat: "pid (comm) state ppid ..."; comm may hold spaces.
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if ppid == Some(postmaster) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    fn signal(pids: &[u32], sig: &str) {
+        let status = Command::new("kill")
+            .arg(sig)
+            .args(pids.iter().map(u32::to_string))
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {sig} {pids:?}");
+    }
+
+    /// Freezes the whole server (SIGSTOP to the postmaster and its backends): connections
+    /// stay open, nothing is answered.
+    pub fn pause(&mut self) {
+        assert!(self.paused.is_empty(), "already paused");
+        self.paused = self.pids();
+        Self::signal(&self.paused, "-STOP");
+    }
+
+    /// Resumes a paused server (SIGCONT).
+    pub fn resume(&mut self) {
+        let pids = std::mem::take(&mut self.paused);
+        if !pids.is_empty() {
+            Self::signal(&pids, "-CONT");
+        }
+    }
+
     /// The port the server listens on (127.0.0.1).
     pub fn port(&self) -> u16 {
         self.port
@@ -242,6 +302,12 @@ impl Postgres {
 
 impl Drop for Postgres {
     fn drop(&mut self) {
+        if !self.paused.is_empty() {
+            let _ = Command::new("kill")
+                .arg("-CONT")
+                .args(self.paused.iter().map(u32::to_string))
+                .status();
+        }
         if self.running {
             let _ = self
                 .command("pg_ctl")
