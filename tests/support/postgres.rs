@@ -5,11 +5,14 @@
 //! root every server command runs as the `postgres` user (`runuser -u postgres --`).
 //!
 //! Each [`Postgres`] is a fresh cluster in its own temp dir, listening on a free loopback
-//! port with its own socket dir, `fsync=on`; it is stopped (immediate) when dropped.
+//! port with its own socket dir, `fsync=on`; it is stopped (immediate) when dropped. The
+//! cluster is a copy of a template made once by `initdb` and kept in cargo's
+//! `CARGO_TARGET_TMPDIR` (one per PostgreSQL version), so most tests skip `initdb`.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 
 /// A PostgreSQL cluster of its own, trust-authenticated, superuser `postgres`.
 pub struct Postgres {
@@ -53,6 +56,89 @@ fn bin_dir() -> PathBuf {
     }
 }
 
+/// The template data dir for the binaries in `bin`: made by `initdb` on first use, then
+/// reused by every test and every later run.
+fn template(bin: &Path) -> &'static Path {
+    static TEMPLATE: OnceLock<PathBuf> = OnceLock::new();
+    TEMPLATE.get_or_init(|| {
+        let out = Command::new(bin.join("initdb"))
+            .arg("--version")
+            .output()
+            .expect("run initdb --version");
+        let version: String = String::from_utf8_lossy(&out.stdout)
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || *c == '.')
+            .collect();
+        // The initdb options below are part of the key: change "v1" when they change.
+        let cache =
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("pg-template-v1-{version}"));
+        if cache.join("data").join("PG_VERSION").exists() && cache.join("complete").exists() {
+            return cache.join("data");
+        }
+        // initdb runs as `postgres` when we are root, so it writes into a temp dir of its own.
+        let scratch = tempfile::tempdir().expect("temp dir");
+        if is_root() {
+            chown_postgres(scratch.path());
+        }
+        let data = scratch.path().join("data");
+        let out = server_command(bin, "initdb")
+            .arg("-D")
+            .arg(&data)
+            .args(["-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C"])
+            // Only initdb's own files; the server runs with fsync=on.
+            .arg("--no-sync")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run initdb from {}: {e}", bin.display()));
+        assert!(
+            out.status.success(),
+            "initdb failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::write(scratch.path().join("complete"), b"").expect("mark the template");
+        // Publish it atomically; another test process may have won the race.
+        let staged = cache.with_extension(format!("staging-{}", std::process::id()));
+        let status = Command::new("cp")
+            .arg("-a")
+            .arg(scratch.path())
+            .arg(&staged)
+            .status()
+            .expect("run cp");
+        assert!(status.success(), "stage the template");
+        if std::fs::rename(&staged, &cache).is_err() {
+            let _ = std::fs::remove_dir_all(&staged);
+        }
+        assert!(
+            cache.join("complete").exists(),
+            "template at {}",
+            cache.display()
+        );
+        cache.join("data")
+    })
+}
+
+fn chown_postgres(path: &Path) {
+    let status = Command::new("chown")
+        .arg("postgres:postgres")
+        .arg(path)
+        .status()
+        .expect("run chown");
+    assert!(status.success(), "chown {} to postgres", path.display());
+}
+
+/// A server binary, run as the `postgres` user when we are root.
+fn server_command(bin: &Path, program: &str) -> Command {
+    let path = bin.join(program);
+    if is_root() {
+        let mut cmd = Command::new("runuser");
+        cmd.args(["-u", "postgres", "--"]).arg(path);
+        cmd
+    } else {
+        Command::new(path)
+    }
+}
+
 fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
@@ -72,12 +158,7 @@ impl Postgres {
         let bin = bin_dir();
         let dir = tempfile::tempdir().expect("temp dir");
         if is_root() {
-            let status = Command::new("chown")
-                .arg("postgres:postgres")
-                .arg(dir.path())
-                .status()
-                .expect("run chown");
-            assert!(status.success(), "chown the cluster dir to postgres");
+            chown_postgres(dir.path());
         }
         let mut pg = Postgres {
             bin,
@@ -86,22 +167,14 @@ impl Postgres {
             running: false,
             paused: Vec::new(),
         };
-        pg.run(
-            "initdb",
-            &[
-                "-D",
-                &pg.data().display().to_string(),
-                "-A",
-                "trust",
-                "-U",
-                "postgres",
-                "-E",
-                "UTF8",
-                "--locale=C",
-                // Only initdb's own files; the server runs with fsync=on.
-                "--no-sync",
-            ],
-        );
+        // A copy of a cluster made once by initdb (the slow part): each test gets its own.
+        let status = Command::new("cp")
+            .arg("-a")
+            .arg(template(&pg.bin))
+            .arg(pg.data())
+            .status()
+            .expect("run cp");
+        assert!(status.success(), "copy the template cluster");
         for attempt in 0.. {
             pg.port = free_port();
             if pg.try_start() {
@@ -127,14 +200,7 @@ impl Postgres {
 
     /// The command for a server binary, as the `postgres` user when we are root.
     fn command(&self, program: &str) -> Command {
-        let path = self.bin.join(program);
-        if is_root() {
-            let mut cmd = Command::new("runuser");
-            cmd.args(["-u", "postgres", "--"]).arg(path);
-            cmd
-        } else {
-            Command::new(path)
-        }
+        server_command(&self.bin, program)
     }
 
     fn run(&self, program: &str, args: &[&str]) {
