@@ -18,8 +18,8 @@
 //!
 //! # When tokens are issued
 //!
-//! After a quorum granted the lock and before `acquire` returns, bounded by the builder's
-//! `fencing_timeout` and the lock's remaining validity. Fail closed: if the counter errs,
+//! After a quorum granted the lock and before `acquire` (or `using`) returns, bounded by the
+//! builder's `fencing_timeout` and the lock's remaining validity. Fail closed: if the counter errs,
 //! does not answer in time, or answers after the lock expired, the lock is released on every
 //! node and the caller gets [`Error::Fencing`](crate::Error::Fencing); no lock is ever handed
 //! out without a token. Extending a lock keeps its token (ownership did not change).
@@ -60,7 +60,6 @@
 //! without contending on one row or key.
 
 #[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
 mod redis;
 
