@@ -986,8 +986,14 @@ mod pg {
                 last_accepted: 20
             })
         );
-        tx.rollback().await.expect("rollback");
-        assert_eq!(last("t").await, None, "rolled back with the transaction");
+        // Even a caller who commits anyway records none of them.
+        tx.commit().await.expect("commit");
+        assert_eq!(last("t").await, None, "t was claimed by a stale claim_all");
+        assert_eq!(
+            last("r").await,
+            Some(7),
+            "r was claimed by a stale claim_all"
+        );
         let tx = c1.transaction().await.expect("begin");
         guards
             .claim_all(&tx, &["t", "s", "r"], 21)

@@ -39,6 +39,10 @@ pub const DEFAULT_FENCE_TABLE: &str = "redfence_fences";
 pub const DEFAULT_GUARD_TABLE: &str = "redfence_guards";
 /// Default [`FencedUpdate::fence_column`]: `last_fence`.
 pub const DEFAULT_FENCE_COLUMN: &str = "last_fence";
+/// Set before a multi-resource claim, rolled back to when one of them is stale.
+const SAVEPOINT: &str = "SAVEPOINT redfence_claim_guards";
+const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT redfence_claim_guards";
+
 /// Default [`PostgresCounter::timeout`]: 1 s.
 pub const DEFAULT_POSTGRES_FENCE_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -993,7 +997,8 @@ impl FenceGuards {
 
     /// [`claim`](Self::claim) for every resource of a multi-resource lock, in one statement
     /// that locks the guard rows in sorted order (so concurrent claims cannot deadlock).
-    /// All or nothing: if any is stale, the error names the one with the greatest accepted
+    /// All or nothing: if any is stale, the others' claims are undone (to a savepoint set
+    /// before the statement), the error names the stale guard with the greatest accepted
     /// fence, and the caller rolls back.
     ///
     /// # Errors
@@ -1013,6 +1018,14 @@ impl FenceGuards {
         let mut names: Vec<&str> = resources.iter().map(AsRef::as_ref).collect();
         names.sort_unstable();
         names.dedup();
+        // With several guards, some may be claimed before one turns out stale: a savepoint
+        // lets those be undone, so that even a caller who commits anyway records nothing.
+        let several = names.len() > 1;
+        if several {
+            tx.batch_execute(SAVEPOINT)
+                .await
+                .map_err(|err| FencedWriteError::db(&self.table, "setting a savepoint", err))?;
+        }
         let rows = tx
             .query_typed(
                 &self.claim,
@@ -1022,6 +1035,13 @@ impl FenceGuards {
             .map_err(|err| FencedWriteError::db(&self.table, "claiming the guard rows", err))?;
         if rows.len() == names.len() {
             return Ok(());
+        }
+        if several {
+            tx.batch_execute(ROLLBACK_TO_SAVEPOINT)
+                .await
+                .map_err(|err| {
+                    FencedWriteError::db(&self.table, "undoing the other claims", err)
+                })?;
         }
         let claimed: Vec<String> = rows
             .iter()
