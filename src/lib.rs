@@ -82,7 +82,9 @@ pub use error::{
     BoxError, Error, FencingError, InvalidInput, LossReason, NodeError, NodeFailure, RenewalLimit,
 };
 pub use events::Event;
-pub use fence::{FencingCounter, MemoryCounter};
+#[cfg(feature = "postgres")]
+pub use fence::postgres::{PostgresCounter, StaleFence};
+pub use fence::{FencingCounter, MemoryCounter, RedisCounter};
 pub use lock::Lock;
 pub use redlock::{MAX_TTL, Redlock};
 pub use retry::Backoff;
@@ -91,6 +93,11 @@ pub use using::Signal;
 /// The redis-rs crate redfence uses, so that callers name the same types (e.g. to pass a
 /// [`redis::Client`] to [`RedlockBuilder::node`]).
 pub use redis;
+
+/// The tokio-postgres crate redfence uses (feature `postgres`), so that callers name the same
+/// types (e.g. to pass a [`tokio_postgres::Client`] to [`PostgresCounter::new`]).
+#[cfg(feature = "postgres")]
+pub use tokio_postgres;
 
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

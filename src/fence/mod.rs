@@ -5,7 +5,63 @@
 //! CPU starvation, a slow network) wakes up and writes after the next owner. With fencing,
 //! every acquisition gets a token greater than all earlier ones for its resources, the work
 //! sends it with each write, and the storage rejects any write whose token is not greater
-//! than the last one it accepted.
+//! than the last one it accepted:
+//!
+//! ```text
+//! A acquires "invoice:4821", fence 41 ... pauses past its TTL ...
+//! B acquires "invoice:4821", fence 42, writes: storage records 42
+//! A wakes up and writes with 41: 41 <= 42, rejected (StaleFence) — A has lost ownership
+//! ```
+//!
+//! Configure a counter with [`RedlockBuilder::fencing`](crate::RedlockBuilder::fencing);
+//! every lock then carries [`Lock::fence`](crate::Lock::fence).
+//!
+//! # When tokens are issued
+//!
+//! After a quorum granted the lock and before `acquire` (or `using`) returns, bounded by the
+//! builder's `fencing_timeout` and the lock's remaining validity. Fail closed: if the counter errs,
+//! does not answer in time, or answers after the lock expired, the lock is released on every
+//! node and the caller gets [`Error::Fencing`](crate::Error::Fencing); no lock is ever handed
+//! out without a token. Extending a lock keeps its token (ownership did not change).
+//!
+//! A multi-resource lock gets **one** token, greater than the last token of every resource
+//! in it, so each of its resources sees a strictly increasing sequence.
+//!
+//! # What each counter guarantees (the failure model)
+//!
+//! | counter | monotonic across | breaks when |
+//! | --- | --- | --- |
+//! | [`MemoryCounter`] | one process's lifetime | the process restarts, or a second process issues tokens: **not durable** — tests and single-process use only |
+//! | [`RedisCounter`] | one Redis primary's history of acknowledged writes | that primary loses a write: restart without `appendfsync always`, **failover** to an asynchronously replicated replica, restore from an older snapshot |
+//! | `PostgresCounter` (feature `postgres`) | every committed transaction: survives crashes through the WAL, and failover with synchronous replication | the database itself loses committed transactions (`fsync = off`, asynchronous standby promoted, restore from an old backup) |
+//!
+//! **On Redis failover** replication is asynchronous, so the promoted replica may lack the
+//! last increments and issue those tokens again. The danger is an old owner holding a
+//! token *greater* than the new owner's: A gets 42 from the old primary, which dies before
+//! replicating it; B gets 41 from the new one and writes; A wakes up and writes with 42,
+//! and the storage accepts it, overwriting B. (Equal tokens are safe: the second write
+//! with a fence the storage accepted is rejected.) `appendfsync always` protects a single
+//! primary's crash, not a failover; `WAIT` narrows the window, it does not close it. When
+//! that matters, use `PostgresCounter`, ideally in the database the work writes to.
+//!
+//! Whatever the counter, the guarantee ends at the storage: it must compare and record the
+//! token atomically with the write (see `fence::postgres` for PostgreSQL helpers; the same
+//! conditional write works in any store with compare-and-set). Targets that **cannot check
+//! a token** — sending an email, calling an external API without conditional writes, a
+//! device that executes commands directly — are not protected by fencing at all: give them
+//! an **idempotency key** (e.g. the job id), route them through an outbox committed with
+//! the fenced write, or serialize them through a single consumer.
+//!
+//! # Writing your own counter
+//!
+//! Implement [`FencingCounter`] over a store whose increments are durable and
+//! linearizable once acknowledged. One global counter for all resources is valid too (it
+//! is monotonic for every resource); one per resource lets unrelated resources proceed
+//! without contending on one row or key.
+
+#[cfg(feature = "postgres")]
+pub mod postgres;
+mod redis;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -15,6 +71,10 @@ use futures::future::BoxFuture;
 
 use crate::error::BoxError;
 
+pub use self::redis::{DEFAULT_REDIS_FENCE_PREFIX, DEFAULT_REDIS_FENCE_TIMEOUT, RedisCounter};
+#[cfg(feature = "postgres")]
+pub use postgres::PostgresCounter;
+
 /// A source of fencing tokens. Implement it for your own durable store.
 ///
 /// # Contract
@@ -22,32 +82,50 @@ use crate::error::BoxError;
 /// [`next_fence`](FencingCounter::next_fence) returns a token strictly greater than every
 /// token it returned before for **any** of the given resources, and never returns a token
 /// again once it has returned it, even after a restart of the store behind it. Gaps are fine;
-/// only the order matters.
+/// only the order matters. A token must be durable before it is returned: a crash right
+/// after must not let the store issue it (or a smaller one) again.
 ///
 /// redfence calls it after a quorum granted the lock and before `acquire`/`using` return, bounded
 /// by the builder's `fencing_timeout` and the lock's validity. If it fails, the lock is released
 /// and the caller gets [`Error::Fencing`](crate::Error::Fencing): never a lock without a token.
 ///
+/// - `resources` are the lock's resource names (without the key prefix): at least one, no
+///   duplicates, in the order the caller gave them.
+/// - The future may be **dropped** at the timeout, at any await point. A token issued by a
+///   dropped call is simply never used; the next call must still return a greater one.
+/// - The trait is object-safe and `Send + Sync`: one counter (in an `Arc`) serves every lock
+///   of a [`Redlock`](crate::Redlock), concurrently.
+///
 /// ```
 /// use futures::future::BoxFuture;
 /// use redfence::{BoxError, FencingCounter};
 ///
-/// /// Tokens from a clock-like service (illustration only).
-/// struct MyCounter;
+/// /// One global sequence for every resource: monotonic for each of them.
+/// /// (Illustration only: a real counter persists the value before returning it.)
+/// struct GlobalCounter(tokio::sync::Mutex<u64>);
 ///
-/// impl FencingCounter for MyCounter {
+/// impl FencingCounter for GlobalCounter {
 ///     fn next_fence<'a>(&'a self, resources: &'a [String]) -> BoxFuture<'a, Result<u64, BoxError>> {
 ///         Box::pin(async move {
-///             // Ask your durable store for a number greater than the last one of each resource.
-///             let _ = resources;
-///             Ok(42)
+///             let _ = resources; // a per-resource counter keys on them
+///             let mut last = self.0.lock().await;
+///             *last = last.checked_add(1).ok_or("the counter is exhausted")?;
+///             // ... write `*last` to durable storage and wait for the commit here ...
+///             Ok(*last)
 ///         })
 ///     }
 /// }
+///
+/// let counter = GlobalCounter(tokio::sync::Mutex::new(0));
+/// let redlock = redfence::Redlock::builder()
+///     .node("redis://127.0.0.1:7001")
+///     .fencing(counter)
+///     .build();
+/// assert!(redlock.is_ok());
 /// ```
 pub trait FencingCounter: Send + Sync {
     /// Issues the next token for a lock on `resources` (the resource names, without the key
-    /// prefix).
+    /// prefix): greater than every token issued before for any of them.
     fn next_fence<'a>(&'a self, resources: &'a [String]) -> BoxFuture<'a, Result<u64, BoxError>>;
 }
 

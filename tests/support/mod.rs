@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod postgres;
 pub mod proxy;
 
 use std::net::TcpListener;

@@ -1,0 +1,1114 @@
+//! Fencing tokens end to end: counters (memory, Redis, PostgreSQL) behind real
+//! redis-server processes, and PostgreSQL rejecting a stale owner's write.
+//!
+//! The PostgreSQL tests need the `postgres` feature and the server binaries (see
+//! `tests/support/postgres.rs`); each starts a cluster of its own.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use redfence::{BoxError, Error, FencingCounter, FencingError, MemoryCounter, RedisCounter};
+use support::{Servers, eventually};
+
+const TTL: Duration = Duration::from_secs(5);
+
+fn names(r: &[&str]) -> Vec<String> {
+    r.iter().map(|s| s.to_string()).collect()
+}
+
+/// Every lock node is free of every key: nothing was left locked.
+async fn no_key_left(servers: &Servers) -> bool {
+    eventually(|| (0..servers.len()).all(|i| servers.keys(i).is_empty())).await
+}
+
+/// A counter whose every call fails.
+struct Failing;
+
+impl FencingCounter for Failing {
+    fn next_fence<'a>(&'a self, _: &'a [String]) -> BoxFuture<'a, Result<u64, BoxError>> {
+        Box::pin(async { Err("the ledger database is read-only".into()) })
+    }
+}
+
+/// A counter that answers after a delay (or never, with `None`).
+struct Slow(Option<Duration>);
+
+impl FencingCounter for Slow {
+    fn next_fence<'a>(&'a self, _: &'a [String]) -> BoxFuture<'a, Result<u64, BoxError>> {
+        let delay = self.0;
+        Box::pin(async move {
+            match delay {
+                Some(delay) => tokio::time::sleep(delay).await,
+                None => std::future::pending::<()>().await,
+            }
+            Ok(1)
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Through acquire, with any counter
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn locks_carry_increasing_fences_and_multi_resource_fences_exceed_each_resource() {
+    let servers = Servers::start(3);
+    let redlock = servers
+        .builder()
+        .fencing(MemoryCounter::new())
+        .build()
+        .expect("config");
+    let fence = |resources: &'static [&'static str]| {
+        let redlock = redlock.clone();
+        async move {
+            let lock = redlock.acquire(resources, TTL).await.expect("acquire");
+            let fence = lock.fence().expect("a fence");
+            lock.release().await.expect("release");
+            fence
+        }
+    };
+    let a1 = fence(&["a"]).await;
+    let a2 = fence(&["a"]).await;
+    let b1 = fence(&["b"]).await;
+    assert!(a2 > a1);
+    let ab = fence(&["a", "b"]).await;
+    assert!(ab > a2 && ab > b1, "{ab} vs a {a2}, b {b1}");
+    let b2 = fence(&["b"]).await;
+    assert!(b2 > ab);
+    let ca = fence(&["c", "a"]).await;
+    assert!(ca > ab);
+
+    // Without a counter, locks carry no fence.
+    let plain = servers.redlock();
+    let lock = plain.acquire(&["a"], TTL).await.expect("acquire");
+    assert_eq!(lock.fence(), None);
+    lock.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn a_failing_counter_fails_closed_and_leaves_no_key() {
+    let servers = Servers::start(3);
+    let redlock = servers.builder().fencing(Failing).build().expect("config");
+    let err = redlock
+        .acquire(&["invoice:1", "invoice:2"], TTL)
+        .await
+        .expect_err("no token, no lock");
+    match &err {
+        Error::Fencing(FencingError::Counter(e)) => {
+            assert!(e.to_string().contains("read-only"), "{e}")
+        }
+        other => panic!("expected Fencing(Counter), got {other:?}"),
+    }
+    assert!(!err.is_retryable() && !err.is_lock_lost());
+    assert!(err.to_string().contains("fencing"), "{err}");
+    // The quorum was reached, then released on every node.
+    assert!(no_key_left(&servers).await);
+}
+
+#[tokio::test]
+async fn a_hanging_counter_hits_the_fencing_timeout() {
+    let servers = Servers::start(3);
+    let redlock = servers
+        .builder()
+        .fencing(Slow(None))
+        .fencing_timeout(Duration::from_millis(200))
+        .build()
+        .expect("config");
+    let started = Instant::now();
+    let err = redlock
+        .acquire(&["job"], TTL)
+        .await
+        .expect_err("the counter never answers");
+    assert!(
+        matches!(err, Error::Fencing(FencingError::Timeout(t)) if t == Duration::from_millis(200)),
+        "{err:?}"
+    );
+    // Not retried: one attempt, bounded by the fencing timeout (generous margin).
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(no_key_left(&servers).await);
+}
+
+#[tokio::test]
+async fn a_counter_answering_after_the_lock_expired_fails_closed() {
+    let servers = Servers::start(3);
+    // The fencing timeout is long, but the lock's validity (~150 ms) bounds the call.
+    let redlock = servers
+        .builder()
+        .fencing(Slow(Some(Duration::from_secs(2))))
+        .fencing_timeout(Duration::from_secs(10))
+        .build()
+        .expect("config");
+    let started = Instant::now();
+    let err = redlock
+        .acquire(&["job"], Duration::from_millis(150))
+        .await
+        .expect_err("expired before the token");
+    assert!(
+        matches!(err, Error::Fencing(FencingError::LockExpired)),
+        "{err:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(no_key_left(&servers).await);
+}
+
+// ---------------------------------------------------------------------------------------------
+// RedisCounter
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn redis_counter_is_monotonic_with_hash_tagged_keys() {
+    let locks = Servers::start(3);
+    let store = Servers::start(1);
+    let redlock = locks
+        .builder()
+        .fencing(RedisCounter::open(&store.url(0)).expect("url"))
+        .build()
+        .expect("config");
+    let mut last = 0;
+    for _ in 0..5 {
+        let lock = redlock
+            .acquire(&["invoice:4821"], TTL)
+            .await
+            .expect("acquire");
+        let fence = lock.fence().expect("fence");
+        assert!(fence > last, "{fence} after {last}");
+        last = fence;
+        lock.release().await.expect("release");
+    }
+    assert_eq!(last, 5, "INCR semantics: 1, 2, 3, ...");
+    // One counter key, on the designated primary only, hash-tagged.
+    assert_eq!(store.keys(0), vec!["fence:{invoice:4821}".to_string()]);
+    assert_eq!(store.get(0, "fence:{invoice:4821}").as_deref(), Some("5"));
+    assert!(
+        no_key_left(&locks).await,
+        "counter keys went to the lock nodes"
+    );
+
+    // A configurable prefix.
+    let counter = RedisCounter::open(&store.url(0))
+        .expect("url")
+        .prefix("app:fence:");
+    assert_eq!(counter.key("x"), "app:fence:{x}");
+    assert_eq!(counter.next_fence(&names(&["x"])).await.ok(), Some(1));
+    assert_eq!(store.get(0, "app:fence:{x}").as_deref(), Some("1"));
+
+    // Concurrent callers never get the same token.
+    let counter = Arc::new(RedisCounter::open(&store.url(0)).expect("url"));
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let counter = Arc::clone(&counter);
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                for _ in 0..25 {
+                    got.push(counter.next_fence(&names(&["hot"])).await.expect("fence"));
+                }
+                got
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for task in tasks {
+        let got = task.await.expect("task");
+        assert!(got.windows(2).all(|w| w[0] < w[1]), "{got:?}");
+        all.extend(got);
+    }
+    all.sort_unstable();
+    assert_eq!(all, (1..=100).collect::<Vec<u64>>());
+}
+
+#[tokio::test]
+async fn redis_counter_multi_resource_tokens_exceed_every_resource() {
+    let store = Servers::start(1);
+    let counter = RedisCounter::open(&store.url(0)).expect("url");
+    let next = |r: &'static [&'static str]| {
+        let resources = names(r);
+        let counter = &counter;
+        async move { counter.next_fence(&resources).await.expect("fence") }
+    };
+    for expected in 1..=10 {
+        assert_eq!(next(&["a"]).await, expected);
+    }
+    assert_eq!(next(&["b"]).await, 1);
+    // max(10, 1) + 1, stored in both.
+    assert_eq!(next(&["a", "b"]).await, 11);
+    assert_eq!(store.get(0, "fence:{a}").as_deref(), Some("11"));
+    assert_eq!(store.get(0, "fence:{b}").as_deref(), Some("11"));
+    assert_eq!(next(&["b"]).await, 12);
+    // A new resource in a set: from the largest of the others.
+    assert_eq!(next(&["c", "a"]).await, 12);
+    assert_eq!(next(&["a", "b", "c"]).await, 13);
+    for key in ["fence:{a}", "fence:{b}", "fence:{c}"] {
+        assert_eq!(store.get(0, key).as_deref(), Some("13"), "{key}");
+    }
+
+    // A counter key that holds garbage fails closed, with a reason.
+    let _: () = store.cmd(0, &["SET", "fence:{junk}", "not-a-number"]);
+    let err = counter
+        .next_fence(&names(&["a", "junk"]))
+        .await
+        .expect_err("garbage");
+    assert!(
+        err.to_string().contains("does not hold an integer"),
+        "{err}"
+    );
+    let err = counter
+        .next_fence(&names(&["junk"]))
+        .await
+        .expect_err("garbage");
+    assert!(err.to_string().contains("fencing counter"), "{err}");
+    // Nothing was written by the failed calls.
+    assert_eq!(store.get(0, "fence:{a}").as_deref(), Some("13"));
+
+    // The script survives a SCRIPT FLUSH (EVALSHA falls back to loading it).
+    let _: () = store.cmd(0, &["SCRIPT", "FLUSH"]);
+    assert_eq!(next(&["a", "b"]).await, 14);
+}
+
+#[tokio::test]
+async fn redis_counter_times_out_on_a_paused_primary() {
+    let locks = Servers::start(3);
+    let store = Servers::start(1);
+    let counter = RedisCounter::open(&store.url(0))
+        .expect("url")
+        .timeout(Duration::from_millis(200));
+    assert_eq!(counter.next_fence(&names(&["r"])).await.ok(), Some(1));
+
+    store.pause(0);
+    let started = Instant::now();
+    let err = counter
+        .next_fence(&names(&["r"]))
+        .await
+        .expect_err("paused");
+    assert!(err.to_string().contains("timed out"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // Through a lock: the lock manager's fencing_timeout fires first here, and the lock
+    // is released.
+    let slow_counter = RedisCounter::open(&store.url(0))
+        .expect("url")
+        .timeout(Duration::from_secs(30));
+    let redlock = locks
+        .builder()
+        .fencing(slow_counter)
+        .fencing_timeout(Duration::from_millis(300))
+        .build()
+        .expect("config");
+    let err = redlock.acquire(&["r"], TTL).await.expect_err("paused");
+    assert!(
+        matches!(err, Error::Fencing(FencingError::Timeout(_))),
+        "{err:?}"
+    );
+    assert!(no_key_left(&locks).await);
+
+    store.resume(0);
+    // The same counter recovers, and its tokens still grow (the timed-out call may or may
+    // not have landed: a gap is fine).
+    let deadline = Instant::now() + support::DEADLINE;
+    let fence = loop {
+        if let Ok(fence) = counter.next_fence(&names(&["r"])).await {
+            break Some(fence);
+        }
+        assert!(Instant::now() < deadline, "the counter did not recover");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(fence.is_some_and(|f| f >= 2), "{fence:?}");
+    let lock = redlock.acquire(&["r"], TTL).await.expect("acquire");
+    assert!(lock.fence() > fence);
+    lock.release().await.expect("release");
+}
+
+// ---------------------------------------------------------------------------------------------
+// PostgreSQL
+// ---------------------------------------------------------------------------------------------
+
+#[cfg(feature = "postgres")]
+mod pg {
+    use super::*;
+
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::Mutex;
+
+    use redfence::PostgresCounter;
+    use redfence::fence::postgres::{FenceGuards, FencedUpdate, FencedWriteError, StaleFence};
+    use redfence::tokio_postgres::Client;
+    use support::postgres::Postgres;
+    use tokio::sync::oneshot;
+
+    /// A lock's TTL short enough for a test to wait it out.
+    const SHORT: Duration = Duration::from_millis(300);
+
+    async fn next(counter: &PostgresCounter, r: &[&str]) -> u64 {
+        counter.next_fence(&names(r)).await.expect("fence")
+    }
+
+    /// Runs the A/B story: A acquires and pauses past its TTL, B acquires, writes with
+    /// `write` and releases, then A wakes up and writes with its own fence. Returns A's
+    /// fence, B's fence and A's result.
+    async fn stale_owner_story<W>(
+        pg: &Postgres,
+        write: W,
+    ) -> (u64, u64, Result<u64, FencedWriteError>)
+    where
+        W: Fn(
+                Client,
+                &'static str,
+                u64,
+            ) -> Pin<Box<dyn Future<Output = Result<u64, FencedWriteError>> + Send>>
+            + Send
+            + Sync
+            + 'static,
+    {
+        let servers = Servers::start(3);
+        let redlock = servers
+            .builder()
+            .fencing(PostgresCounter::connect(&pg.url()).expect("config"))
+            .build()
+            .expect("config");
+        let write = Arc::new(write);
+        let (acquired_tx, acquired_rx) = oneshot::channel::<u64>();
+        let (wake_tx, wake_rx) = oneshot::channel::<()>();
+
+        let a = {
+            let (redlock, write) = (redlock.clone(), Arc::clone(&write));
+            let client = pg.client().await;
+            tokio::spawn(async move {
+                let lock = redlock
+                    .acquire(&["account:1"], SHORT)
+                    .await
+                    .expect("A acquires");
+                let fence = lock.fence().expect("fence");
+                acquired_tx.send(fence).expect("main waits");
+                // A "pauses" here (a GC pause, a stalled VM) until told to go on.
+                wake_rx.await.expect("woken");
+                assert!(lock.is_expired(), "A slept past its lease");
+                let result = write(client, "A", fence).await;
+                drop(lock); // its keys expired long ago; B's are untouched
+                result
+            })
+        };
+
+        let fence_a = acquired_rx.await.expect("A acquired");
+        // A's lease runs out on every node (no sleep-and-hope: we watch the keys).
+        assert!(eventually(|| (0..3).all(|i| servers.get(i, "account:1").is_none())).await);
+
+        let lock_b = redlock
+            .acquire(&["account:1"], TTL)
+            .await
+            .expect("B acquires");
+        let fence_b = lock_b.fence().expect("fence");
+        assert!(fence_b > fence_a, "B {fence_b} after A {fence_a}");
+        let written = write(pg.client().await, "B", fence_b)
+            .await
+            .expect("B writes");
+        assert_eq!(written, 1);
+        lock_b.release().await.expect("B releases");
+
+        wake_tx.send(()).expect("A waits");
+        let result_a = a.await.expect("A's task");
+        (fence_a, fence_b, result_a)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stale_owner_is_rejected_by_the_single_statement_form() {
+        let pg = Postgres::start();
+        let client = pg.client().await;
+        client
+            .batch_execute(
+                "CREATE TABLE accounts (id bigint PRIMARY KEY, owner text NOT NULL, \
+                     balance bigint NOT NULL, last_fence bigint NOT NULL DEFAULT 0); \
+                 INSERT INTO accounts (id, owner, balance) VALUES (1, 'nobody', 100);",
+            )
+            .await
+            .expect("schema");
+
+        let (fence_a, fence_b, result_a) = stale_owner_story(&pg, |mut client, who, fence| {
+            Box::pin(async move {
+                let balance: i64 = if who == "A" { 0 } else { 150 };
+                let tx = client.transaction().await.expect("begin");
+                let written = FencedUpdate::new("accounts", "id", &1_i64)
+                    .set("owner", &who)
+                    .set("balance", &balance)
+                    .execute(&tx, fence)
+                    .await?;
+                tx.commit().await.expect("commit");
+                Ok(written)
+            })
+        })
+        .await;
+
+        let err = result_a.expect_err("A's write must be rejected");
+        assert!(err.is_ownership_lost(), "{err:?}");
+        assert_eq!(
+            err.stale(),
+            Some(&StaleFence {
+                resource: "accounts(id = 1)".into(),
+                offered: fence_a,
+                last_accepted: fence_b,
+            })
+        );
+        // B's data is intact.
+        let row = client
+            .query_one(
+                "SELECT owner, balance, last_fence FROM accounts WHERE id = 1",
+                &[],
+            )
+            .await
+            .expect("select");
+        assert_eq!(row.get::<_, String>(0), "B");
+        assert_eq!(row.get::<_, i64>(1), 150);
+        assert_eq!(row.get::<_, i64>(2), fence_b as i64);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stale_owner_is_rejected_by_the_guard_row_form() {
+        let pg = Postgres::start();
+        let client = pg.client().await;
+        FenceGuards::new()
+            .create_table(&client)
+            .await
+            .expect("guards");
+        client
+            .batch_execute(
+                "CREATE TABLE ledger (account bigint NOT NULL, writer text NOT NULL, amount bigint NOT NULL); \
+                 CREATE TABLE balances (account bigint PRIMARY KEY, balance bigint NOT NULL); \
+                 INSERT INTO balances VALUES (1, 100);",
+            )
+            .await
+            .expect("schema");
+
+        let (fence_a, fence_b, result_a) = stale_owner_story(&pg, |mut client, who, fence| {
+            Box::pin(async move {
+                let amount: i64 = if who == "A" { -100 } else { 50 };
+                let tx = client.transaction().await.expect("begin");
+                FenceGuards::new().claim(&tx, "account:1", fence).await?;
+                tx.execute("INSERT INTO ledger VALUES (1, $1, $2)", &[&who, &amount])
+                    .await
+                    .expect("insert");
+                let n = tx
+                    .execute(
+                        "UPDATE balances SET balance = balance + $1 WHERE account = 1",
+                        &[&amount],
+                    )
+                    .await
+                    .expect("update");
+                tx.commit().await.expect("commit");
+                Ok(n)
+            })
+        })
+        .await;
+
+        let err = result_a.expect_err("A's write must be rejected");
+        assert_eq!(
+            err.stale(),
+            Some(&StaleFence {
+                resource: "account:1".into(),
+                offered: fence_a,
+                last_accepted: fence_b,
+            })
+        );
+        // Only B's mutations exist; A's transaction left nothing.
+        let rows = client
+            .query("SELECT writer, amount FROM ledger", &[])
+            .await
+            .expect("select");
+        let ledger: Vec<(String, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        assert_eq!(ledger, vec![("B".to_string(), 50)]);
+        let balance: i64 = client
+            .query_one("SELECT balance FROM balances WHERE account = 1", &[])
+            .await
+            .expect("select")
+            .get(0);
+        assert_eq!(balance, 150);
+        let guard: i64 = client
+            .query_one(
+                "SELECT last_fence FROM redfence_guards WHERE resource = 'account:1'",
+                &[],
+            )
+            .await
+            .expect("select")
+            .get(0);
+        assert_eq!(guard, fence_b as i64);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_fences_strictly_increase_under_contention() {
+        const TASKS: usize = 8;
+        const ROUNDS: usize = 200;
+        let servers = Servers::start(3);
+        let pg = Postgres::start();
+        let redlock = servers
+            .builder()
+            .fencing(
+                PostgresCounter::connect(&pg.url())
+                    .expect("config")
+                    .timeout(Duration::from_secs(5)),
+            )
+            .fencing_timeout(Duration::from_secs(5))
+            .retry_count(1_000_000)
+            .retry_delay(Duration::from_millis(1))
+            .retry_jitter(Duration::from_millis(1))
+            .build()
+            .expect("config");
+        let log: Arc<Mutex<Vec<u64>>> = Arc::new(Mutex::new(Vec::with_capacity(TASKS * ROUNDS)));
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|_| {
+                let (redlock, log) = (redlock.clone(), Arc::clone(&log));
+                tokio::spawn(async move {
+                    for _ in 0..ROUNDS {
+                        let lock = redlock.acquire(&["ledger"], TTL).await.expect("acquire");
+                        let fence = lock.fence().expect("fence");
+                        // Inside the critical section: the log is in acquisition order.
+                        log.lock().expect("log").push(fence);
+                        assert!(!lock.is_expired(), "the lock outlived the critical section");
+                        lock.release().await.expect("release");
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("task");
+        }
+        let log = std::mem::take(&mut *log.lock().expect("log"));
+        assert_eq!(log.len(), TASKS * ROUNDS);
+        for pair in log.windows(2) {
+            assert!(pair[0] < pair[1], "fence {} after {}", pair[1], pair[0]);
+        }
+        assert!(no_key_left(&servers).await);
+    }
+
+    #[tokio::test]
+    async fn committed_fences_survive_a_crash_restart() {
+        let mut pg = Postgres::start();
+        let reconnecting = PostgresCounter::connect(&pg.url()).expect("config");
+        let shared = PostgresCounter::new(pg.client().await);
+        let mut last_a = 0;
+        let mut last_b = 0;
+        for i in 0..30 {
+            let set: &[&str] = match i % 3 {
+                0 => &["a"],
+                1 => &["b"],
+                _ => &["a", "b"],
+            };
+            let fence = next(&reconnecting, set).await;
+            if set.contains(&"a") {
+                assert!(fence > last_a);
+                last_a = fence;
+            }
+            if set.contains(&"b") {
+                assert!(fence > last_b);
+                last_b = fence;
+            }
+        }
+        let fence = next(&shared, &["a"]).await;
+        assert!(fence > last_a);
+        last_a = fence;
+
+        // A crash: no checkpoint; the committed tokens come back from the WAL.
+        pg.restart();
+
+        let fresh = PostgresCounter::connect(&pg.url()).expect("config");
+        let a = next(&fresh, &["a"]).await;
+        assert!(a > last_a, "a: {a} after a restart, {last_a} before");
+        let b = next(&fresh, &["b"]).await;
+        assert!(b > last_b, "b: {b} after a restart, {last_b} before");
+        let ab = next(&fresh, &["a", "b"]).await;
+        assert!(ab > a && ab > b);
+
+        // The counter that connected itself reconnects, and goes on from there.
+        let again = next(&reconnecting, &["a", "b"]).await;
+        assert!(again > ab);
+
+        // A counter over a client the caller owns fails closed once that client's connection
+        // is gone: reconnecting is the caller's job.
+        let err = shared
+            .next_fence(&names(&["a"]))
+            .await
+            .expect_err("its connection died");
+        assert!(
+            err.to_string().contains("PostgreSQL fencing counter"),
+            "{err}"
+        );
+        let after = next(&PostgresCounter::new(pg.client().await), &["a"]).await;
+        assert!(after > again);
+    }
+
+    #[tokio::test]
+    async fn postgres_down_fails_closed_and_leaves_no_key() {
+        let servers = Servers::start(3);
+        let mut pg = Postgres::start();
+        let redlock = servers
+            .builder()
+            .fencing(PostgresCounter::connect(&pg.url()).expect("config"))
+            .build()
+            .expect("config");
+        let lock = redlock.acquire(&["job"], TTL).await.expect("acquire");
+        let before = lock.fence().expect("fence");
+        lock.release().await.expect("release");
+        assert!(no_key_left(&servers).await);
+
+        pg.stop_immediate();
+        let started = Instant::now();
+        let err = redlock
+            .acquire(&["job"], TTL)
+            .await
+            .expect_err("no counter");
+        match &err {
+            // Connection refused (or reset, or timed out): either way, no token.
+            Error::Fencing(FencingError::Counter(e)) => {
+                assert!(e.to_string().contains("PostgreSQL fencing counter"), "{e}")
+            }
+            Error::Fencing(FencingError::Timeout(_)) => {}
+            other => panic!("expected Error::Fencing, got {other:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(no_key_left(&servers).await);
+
+        // Back up: the same lock manager works again, and tokens went on growing.
+        pg.start_again();
+        let lock = redlock.acquire(&["job"], TTL).await.expect("acquire");
+        assert!(lock.fence().expect("fence") > before);
+        lock.release().await.expect("release");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_multi_resource_fences_exceed_every_resource() {
+        let pg = Postgres::start();
+        let client = pg.client().await;
+        client
+            .batch_execute("CREATE SCHEMA locks")
+            .await
+            .expect("schema");
+        // A schema-qualified table, created on first use.
+        let counter = Arc::new(
+            PostgresCounter::connect(&pg.url())
+                .expect("config")
+                .table("locks.Fences"),
+        );
+        for expected in 1..=3 {
+            assert_eq!(next(&counter, &["a"]).await, expected);
+        }
+        assert_eq!(next(&counter, &["b"]).await, 1);
+        assert_eq!(next(&counter, &["a", "b"]).await, 4);
+        assert_eq!(next(&counter, &["b"]).await, 5);
+        // A new resource in a set (its row is inserted, then the set is raised).
+        assert_eq!(next(&counter, &["c", "a"]).await, 5);
+        assert_eq!(next(&counter, &["a", "b", "c"]).await, 6);
+        let rows = client
+            .query(
+                "SELECT resource, last_fence FROM locks.\"Fences\" ORDER BY resource",
+                &[],
+            )
+            .await
+            .expect("select");
+        let table: Vec<(String, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        assert_eq!(
+            table,
+            vec![("a".into(), 6), ("b".into(), 6), ("c".into(), 6)]
+        );
+
+        // Overlapping sets issued concurrently: no deadlock, and no resource sees a token
+        // twice; each row ends at the largest token issued for it.
+        let sets: [&[&str]; 5] = [
+            &["x", "y"],
+            &["y", "z"],
+            &["z", "x"],
+            &["x"],
+            &["x", "y", "z"],
+        ];
+        let tasks: Vec<_> = (0..5)
+            .map(|t| {
+                let counter = Arc::clone(&counter);
+                tokio::spawn(async move {
+                    let mut got = Vec::new();
+                    for i in 0..30 {
+                        let set = sets[(t + i) % sets.len()];
+                        got.push((set, next(&counter, set).await));
+                    }
+                    got
+                })
+            })
+            .collect();
+        let mut issued: Vec<(&[&str], u64)> = Vec::new();
+        for task in tasks {
+            issued.extend(task.await.expect("task"));
+        }
+        for resource in ["x", "y", "z"] {
+            let mut fences: Vec<u64> = issued
+                .iter()
+                .filter(|(set, _)| set.contains(&resource))
+                .map(|(_, f)| *f)
+                .collect();
+            let count = fences.len();
+            fences.sort_unstable();
+            fences.dedup();
+            assert_eq!(fences.len(), count, "{resource} saw a token twice");
+            let stored: i64 = client
+                .query_one(
+                    "SELECT last_fence FROM locks.\"Fences\" WHERE resource = $1",
+                    &[&resource],
+                )
+                .await
+                .expect("select")
+                .get(0);
+            assert_eq!(Some(stored as u64), fences.last().copied(), "{resource}");
+        }
+
+        // Through a lock, on the default table.
+        let servers = Servers::start(3);
+        let redlock = servers
+            .builder()
+            .fencing(PostgresCounter::new(pg.client().await))
+            .build()
+            .expect("config");
+        let fence = |r: &'static [&'static str]| {
+            let redlock = redlock.clone();
+            async move {
+                let lock = redlock.acquire(r, TTL).await.expect("acquire");
+                let fence = lock.fence().expect("fence");
+                lock.release().await.expect("release");
+                fence
+            }
+        };
+        let p = fence(&["p"]).await;
+        let p2 = fence(&["p"]).await;
+        let q = fence(&["q"]).await;
+        let pq = fence(&["q", "p"]).await;
+        assert!(p2 > p && pq > p2 && pq > q);
+
+        // Without permission to create the table, a missing table fails closed, clearly.
+        let strict = PostgresCounter::connect(&pg.url())
+            .expect("config")
+            .table("missing")
+            .create_table(false);
+        let err = strict
+            .next_fence(&names(&["a"]))
+            .await
+            .expect_err("no table");
+        assert!(err.to_string().contains("does not exist"), "{err}");
+        assert!(
+            strict
+                .create_table_sql()
+                .starts_with("CREATE TABLE IF NOT EXISTS \"missing\"")
+        );
+    }
+
+    #[tokio::test]
+    async fn fenced_update_tells_stale_from_missing() {
+        let pg = Postgres::start();
+        let mut client = pg.client().await;
+        client
+            .batch_execute(
+                "CREATE TABLE docs (id text PRIMARY KEY, body text NOT NULL, version int NOT NULL DEFAULT 0, \
+                     fence bigint); \
+                 INSERT INTO docs (id, body) VALUES ('d1', 'v0');",
+            )
+            .await
+            .expect("schema");
+        fn update<'a>(body: &'a &'static str) -> FencedUpdate<'a> {
+            FencedUpdate::new("docs", "id", &"d1")
+                .fence_column("fence")
+                .set("body", body)
+                .set_expr("version", "version + 1")
+        }
+        // A NULL fence column accepts any fence; outside a transaction it is one statement.
+        assert_eq!(update(&"v1").execute(&client, 5).await.expect("fresh"), 1);
+        // Equal and lower fences are stale, and change nothing.
+        for offered in [5, 4, 1] {
+            let err = update(&"other")
+                .execute(&client, offered)
+                .await
+                .expect_err("stale");
+            assert_eq!(
+                err.stale(),
+                Some(&StaleFence {
+                    resource: "docs(id = \"d1\")".into(),
+                    offered,
+                    last_accepted: 5
+                })
+            );
+        }
+        // A missing row is not a stale fence.
+        let err = FencedUpdate::new("docs", "id", &"nope")
+            .fence_column("fence")
+            .set("body", &"x")
+            .execute(&client, 100)
+            .await
+            .expect_err("missing");
+        assert!(matches!(err, FencedWriteError::NotFound { .. }), "{err:?}");
+        assert!(!err.is_ownership_lost());
+        assert!(err.to_string().contains("nope"), "{err}");
+
+        // In a transaction that rolls back, the accepted fence goes with it.
+        let tx = client.transaction().await.expect("begin");
+        assert_eq!(update(&"v2").execute(&tx, 9).await.expect("newer"), 1);
+        tx.rollback().await.expect("rollback");
+        let tx = client.transaction().await.expect("begin");
+        assert_eq!(
+            update(&"v2")
+                .execute(&tx, 6)
+                .await
+                .expect("still newer than 5"),
+            1
+        );
+        tx.commit().await.expect("commit");
+        let row = client
+            .query_one("SELECT body, version, fence FROM docs WHERE id = 'd1'", &[])
+            .await
+            .expect("select");
+        assert_eq!(row.get::<_, String>(0), "v2");
+        assert_eq!(row.get::<_, i32>(1), 2);
+        assert_eq!(row.get::<_, Option<i64>>(2), Some(6));
+
+        // A fence that cannot be a bigint is refused before any statement.
+        let err = update(&"other")
+            .execute(&client, u64::MAX)
+            .await
+            .expect_err("range");
+        assert!(
+            matches!(err, FencedWriteError::FenceOutOfRange(u64::MAX)),
+            "{err:?}"
+        );
+
+        // A statement error says which step failed.
+        let err = FencedUpdate::new("no_such_table", "id", &1_i64)
+            .set("x", &1_i64)
+            .execute(&client, 1)
+            .await
+            .expect_err("no table");
+        let text = err.to_string();
+        assert!(
+            text.contains("fenced UPDATE") && text.contains("does not exist"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn guard_claims_are_transactional() {
+        let pg = Postgres::start();
+        let mut c1 = pg.client().await;
+        let mut c2 = pg.client().await;
+        let guards = FenceGuards::in_table("guards");
+        guards.create_table(&c1).await.expect("create");
+        guards
+            .create_table(&c1)
+            .await
+            .expect("create is idempotent");
+        let last = |resource: &'static str| {
+            let c = pg.client();
+            async move {
+                c.await
+                    .query_opt(
+                        "SELECT last_fence FROM guards WHERE resource = $1",
+                        &[&resource],
+                    )
+                    .await
+                    .expect("select")
+                    .map(|r| r.get::<_, i64>(0))
+            }
+        };
+
+        // A resource seen for the first time gets its guard row.
+        let tx = c1.transaction().await.expect("begin");
+        guards.claim(&tx, "r", 5).await.expect("first claim");
+        tx.commit().await.expect("commit");
+        assert_eq!(last("r").await, Some(5));
+
+        // Equal or lower: stale, with the last accepted fence.
+        for offered in [5, 3] {
+            let tx = c1.transaction().await.expect("begin");
+            let err = guards.claim(&tx, "r", offered).await.expect_err("stale");
+            assert_eq!(
+                err.stale(),
+                Some(&StaleFence {
+                    resource: "r".into(),
+                    offered,
+                    last_accepted: 5
+                })
+            );
+        }
+
+        // A rollback undoes the claim.
+        let tx = c1.transaction().await.expect("begin");
+        guards.claim(&tx, "r", 9).await.expect("claim");
+        tx.rollback().await.expect("rollback");
+        assert_eq!(last("r").await, Some(5));
+
+        // A concurrent claim waits for the holder's transaction, then sees its fence.
+        let tx1 = c1.transaction().await.expect("begin");
+        guards.claim(&tx1, "r", 7).await.expect("claim 7");
+        let contender = {
+            let guards = guards.clone();
+            tokio::spawn(async move {
+                let tx2 = c2.transaction().await.expect("begin");
+                let result = guards.claim(&tx2, "r", 6).await;
+                drop(tx2);
+                result
+            })
+        };
+        tx1.commit().await.expect("commit");
+        let err = contender.await.expect("task").expect_err("6 after 7");
+        assert_eq!(err.stale().map(|s| s.last_accepted), Some(7));
+
+        // Several resources at once: all or nothing, the stale one named.
+        let tx = c1.transaction().await.expect("begin");
+        guards.claim(&tx, "s", 20).await.expect("claim s");
+        tx.commit().await.expect("commit");
+        let tx = c1.transaction().await.expect("begin");
+        let err = guards
+            .claim_all(&tx, &["t", "s", "r"], 10)
+            .await
+            .expect_err("s is at 20");
+        assert_eq!(
+            err.stale(),
+            Some(&StaleFence {
+                resource: "s".into(),
+                offered: 10,
+                last_accepted: 20
+            })
+        );
+        // Even a caller who commits anyway records none of them.
+        tx.commit().await.expect("commit");
+        assert_eq!(last("t").await, None, "t was claimed by a stale claim_all");
+        assert_eq!(
+            last("r").await,
+            Some(7),
+            "r was claimed by a stale claim_all"
+        );
+        let tx = c1.transaction().await.expect("begin");
+        guards
+            .claim_all(&tx, &["t", "s", "r"], 21)
+            .await
+            .expect("newer than all");
+        tx.commit().await.expect("commit");
+        for r in ["r", "s", "t"] {
+            assert_eq!(last(r).await, Some(21), "{r}");
+        }
+    }
+
+    #[tokio::test]
+    async fn claim_lock_takes_the_resources_and_fence_from_the_lock() {
+        let servers = Servers::start(3);
+        let pg = Postgres::start();
+        let mut client = pg.client().await;
+        let guards = FenceGuards::new();
+        guards.create_table(&client).await.expect("create");
+        let redlock = servers
+            .builder()
+            .fencing(PostgresCounter::connect(&pg.url()).expect("config"))
+            .build()
+            .expect("config");
+
+        let first = redlock.acquire(&["r1", "r2"], TTL).await.expect("acquire");
+        let tx = client.transaction().await.expect("begin");
+        guards.claim_lock(&tx, &first).await.expect("claim");
+        tx.commit().await.expect("commit");
+        let rows = client
+            .query(
+                "SELECT resource, last_fence FROM redfence_guards ORDER BY resource",
+                &[],
+            )
+            .await
+            .expect("select");
+        let fence = first.fence().expect("fence") as i64;
+        let table: Vec<(String, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        assert_eq!(table, vec![("r1".into(), fence), ("r2".into(), fence)]);
+
+        // The same claim again (a retried transaction of the same owner) is stale: a fence
+        // is accepted once.
+        let tx = client.transaction().await.expect("begin");
+        let err = guards.claim_lock(&tx, &first).await.expect_err("used");
+        assert!(err.is_ownership_lost(), "{err:?}");
+        tx.rollback().await.expect("rollback");
+        first.release().await.expect("release");
+
+        // A lock without a fence, and an empty claim, are refused rather than protecting
+        // nothing.
+        let unfenced = servers
+            .redlock()
+            .acquire(&["r3"], TTL)
+            .await
+            .expect("acquire");
+        let tx = client.transaction().await.expect("begin");
+        let err = guards
+            .claim_lock(&tx, &unfenced)
+            .await
+            .expect_err("no fence");
+        assert!(matches!(err, FencedWriteError::NoFence(_)), "{err:?}");
+        let none: &[&str] = &[];
+        let err = guards.claim_all(&tx, none, 1).await.expect_err("nothing");
+        assert!(matches!(err, FencedWriteError::NoResource), "{err:?}");
+        tx.rollback().await.expect("rollback");
+        unfenced.release().await.expect("release");
+    }
+
+    #[tokio::test]
+    async fn a_paused_postgres_times_out_and_the_counter_recovers() {
+        let servers = Servers::start(3);
+        let mut pg = Postgres::start();
+        let counter = Arc::new(
+            PostgresCounter::connect(&pg.url())
+                .expect("config")
+                .timeout(Duration::from_millis(300)),
+        );
+        let before = next(&counter, &["r"]).await;
+
+        pg.pause();
+        let started = Instant::now();
+        let err = counter
+            .next_fence(&names(&["r"]))
+            .await
+            .expect_err("paused");
+        assert!(err.to_string().contains("no answer within 300ms"), "{err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+
+        // Through a lock: fail closed, nothing left locked.
+        let redlock = servers
+            .builder()
+            .fencing_arc(counter.clone())
+            .fencing_timeout(Duration::from_millis(200))
+            .build()
+            .expect("config");
+        let err = redlock.acquire(&["r"], TTL).await.expect_err("paused");
+        assert!(matches!(err, Error::Fencing(_)), "{err:?}");
+        assert!(no_key_left(&servers).await);
+
+        pg.resume();
+        // The counter drops the connection it gave up on and connects again.
+        let deadline = Instant::now() + support::DEADLINE;
+        let after = loop {
+            if let Ok(fence) = counter.next_fence(&names(&["r"])).await {
+                break fence;
+            }
+            assert!(Instant::now() < deadline, "the counter did not recover");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert!(after > before);
+        let lock = redlock.acquire(&["r"], TTL).await.expect("acquire");
+        assert!(lock.fence().expect("fence") > after);
+        lock.release().await.expect("release");
+    }
+}
