@@ -83,7 +83,8 @@ async fn a_bad_extend_ttl_is_rejected_and_keeps_the_lock() {
         InvalidInput::ZeroTtl { .. }
     ));
     assert_eq!(lock.expires_at(), expires_at);
-    assert_eq!(servers.get(0, "a").as_deref(), Some(lock.token()));
+    // Still held: on a majority at once (the last node may still be on its way).
+    assert!(servers.holders("a", lock.token(), 0..3).len() >= 2);
     lock.release().await.expect("release");
 }
 
