@@ -98,6 +98,7 @@ impl Redlock {
     ///     })
     ///     .await
     /// # }
+    /// # fn main() { let _ = run; }
     /// ```
     ///
     /// The lock is released when the routine returns `Ok` or `Err`, and when it panics (the
@@ -151,6 +152,7 @@ impl Redlock {
     /// # let _ = entry;
     /// # Ok(())
     /// # }
+    /// # fn main() { let _ = run; }
     /// ```
     pub async fn using<T, E, F, Fut>(
         &self,
@@ -237,6 +239,7 @@ impl Redlock {
 ///     })
 ///     .await
 /// # }
+/// # fn main() { let _ = run; }
 /// ```
 #[derive(Clone)]
 pub struct Signal {
@@ -260,6 +263,7 @@ impl Signal {
     ///     done = long_computation() => done,
     /// }
     /// # }
+    /// # fn main() { let _ = run; }
     /// ```
     pub async fn aborted(&self) -> Error {
         let mut changes = self.state.expires_at.subscribe();
