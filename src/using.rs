@@ -59,11 +59,14 @@ impl Redlock {
     /// # Extension
     ///
     /// Extension rounds start shortly before the remaining validity falls below
-    /// `automatic_extension_threshold` (default 500 ms), early enough that a failed round is
-    /// retried quickly (every `min(threshold / 5, node_timeout)`) while more than the threshold
-    /// is left. Each successful round re-extends the lock to the full `ttl` on a majority
-    /// ([`Event::Extended`]); each failed one is reported as [`Event::ExtensionFailed`] with
-    /// every node's error. After an abort the lock is no longer extended.
+    /// `automatic_extension_threshold` (default 500 ms): up to a threshold earlier, and at
+    /// most half-way through the time above it for short TTLs. A failed round is retried
+    /// quickly while more than the threshold is left: retries start every
+    /// `min(threshold / 5, node_timeout)`, or at once after a round that took longer (keep
+    /// `node_timeout` well below the threshold so that several rounds fit). Each successful
+    /// round re-extends the lock to the full `ttl` on a majority ([`Event::Extended`]); each
+    /// failed one is reported as [`Event::ExtensionFailed`] with every node's error. After an
+    /// abort the lock is no longer extended.
     ///
     /// # Bounded renewal
     ///
@@ -438,8 +441,8 @@ pub(crate) struct Lease {
     expires_at: Instant,
     /// Successful extensions so far.
     extensions: u32,
-    /// When the last round failed, if none has succeeded since.
-    failed_at: Option<Instant>,
+    /// When the last failed round started, if none has succeeded since.
+    failed_round: Option<Instant>,
 }
 
 /// What the extension task does next.
@@ -522,9 +525,11 @@ impl Policy {
                 cause: Cause::Limit(RenewalLimit::Extensions(max)),
             };
         }
-        let at = match lease.failed_at {
+        let at = match lease.failed_round {
             None => confirm_by.checked_sub(self.lead).unwrap_or(confirm_by),
-            Some(failed) => failed.checked_add(self.retry_interval).unwrap_or(failed),
+            // Retries start `retry_interval` apart: a round that already took that long (a
+            // node timed out) is followed at once.
+            Some(started) => started.checked_add(self.retry_interval).unwrap_or(started),
         }
         .max(now);
         if let Some(max) = self.max_hold
@@ -536,7 +541,7 @@ impl Policy {
                 cause: Cause::Limit(RenewalLimit::Hold(max)),
             };
         }
-        match lease.failed_at {
+        match lease.failed_round {
             // Rounds failed and no retry can start before the threshold: give up there.
             Some(_) if at >= confirm_by => Step::Abort {
                 at: give_up_at,
@@ -561,7 +566,7 @@ impl Lease {
             acquired_at: expires_at.checked_sub(valid_for).unwrap_or(expires_at),
             expires_at,
             extensions: 0,
-            failed_at: None,
+            failed_round: None,
         }
     }
 }
@@ -636,6 +641,7 @@ async fn extend_until_stopped(
             }
         };
         let deadline = tokio::time::Instant::from_std(by);
+        let round_started = now;
         let outcome = tokio::select! {
             biased;
             _ = &mut *stop => return End::Stopped,
@@ -645,7 +651,7 @@ async fn extend_until_stopped(
             Ok(Ok(())) => {
                 lease.expires_at = lock.expires_at();
                 lease.extensions = lease.extensions.saturating_add(1);
-                lease.failed_at = None;
+                lease.failed_round = None;
                 state.extended(lease.expires_at);
                 state.events.emit(Event::Extended {
                     resources: state.resources.to_vec(),
@@ -664,7 +670,7 @@ async fn extend_until_stopped(
                     state.abort(error);
                     return End::GaveUp;
                 }
-                lease.failed_at = Some(clock_now());
+                lease.failed_round = Some(round_started);
             }
             Err(_) => {
                 // The round outlived its deadline: nothing confirmed the lock in time. The
@@ -715,7 +721,7 @@ mod tests {
             acquired_at: t0,
             expires_at: t0 + valid_for,
             extensions: 0,
-            failed_at: None,
+            failed_round: None,
         }
     }
 
@@ -800,12 +806,12 @@ mod tests {
                             // Validity counts from the round's start, as in `Lock::extend`.
                             l.expires_at = now + p.ttl - quorum::drift(p.ttl, 0.01);
                             l.extensions += 1;
-                            l.failed_at = None;
+                            l.failed_round = None;
                             now += round_time;
                         }
                         Some(false) if now + round_time <= by => {
+                            l.failed_round = Some(now);
                             now += round_time;
-                            l.failed_at = Some(now);
                         }
                         _ => return (starts, by, Cause::Unconfirmed, l),
                     }
@@ -833,16 +839,24 @@ mod tests {
             "aborts as the threshold is crossed"
         );
         assert_eq!(starts[0], t0 + valid - p.threshold - p.lead);
-        // Retried every retry_interval after each failure, all before the threshold.
+        // Retried every retry_interval (start to start), all before the threshold.
         for pair in starts.windows(2) {
-            assert_eq!(pair[1] - pair[0], 2 * MS + p.retry_interval);
+            assert_eq!(pair[1] - pair[0], p.retry_interval);
         }
-        assert!(starts.len() >= 9, "only {} rounds", starts.len());
+        assert_eq!(starts.len(), 10);
         assert!(starts.iter().all(|s| *s < at));
 
-        // Rounds that time out at the node timeout: fewer rounds, same abort instant.
+        // Rounds that time out at the node timeout (50 ms = the interval): as many rounds.
         let (starts, at, cause, _) = simulate(&p, t0, valid, 50 * MS, |_, _| Some(false));
         assert_eq!((at, cause), (t0 + valid - p.threshold, Cause::Unconfirmed));
+        assert_eq!(starts.len(), 10);
+
+        // Rounds slower than the interval are followed at once; the last one is cut short.
+        let (starts, at, cause, _) = simulate(&p, t0, valid, 120 * MS, |_, _| Some(false));
+        assert_eq!((at, cause), (t0 + valid - p.threshold, Cause::Unconfirmed));
+        for pair in starts.windows(2) {
+            assert_eq!(pair[1] - pair[0], 120 * MS);
+        }
         assert_eq!(starts.len(), 5);
     }
 
@@ -943,7 +957,7 @@ mod tests {
             }
         );
         // It failed: abort now.
-        l.failed_at = Some(late + 10 * MS);
+        l.failed_round = Some(late);
         assert_eq!(
             p.step(late + 10 * MS, &l),
             Step::Abort {
