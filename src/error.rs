@@ -187,6 +187,19 @@ pub enum InvalidInput {
         /// The largest accepted TTL.
         max: Duration,
     },
+    /// The TTL given to `using()` leaves no validity above the automatic-extension threshold
+    /// once the drift allowance is subtracted, so the lock could never be kept above it.
+    #[error(
+        "ttl {ttl:?} must exceed the automatic extension threshold {threshold:?} plus its clock-drift allowance {drift:?}"
+    )]
+    TtlNotAboveThreshold {
+        /// The TTL given.
+        ttl: Duration,
+        /// The builder's `automatic_extension_threshold`.
+        threshold: Duration,
+        /// The TTL's drift allowance, `ttl * drift_factor + 2 ms`.
+        drift: Duration,
+    },
     /// The drift factor is NaN, infinite, negative or not below 1.
     #[error("drift factor {0} must be a finite number in [0, 1)")]
     BadDriftFactor(f64),
@@ -256,6 +269,9 @@ pub enum LossReason {
         /// The validity that was left when the signal aborted.
         remaining: Duration,
     },
+    /// The `using()` scope ended (the routine returned, panicked or was cancelled) and the
+    /// lock was given up. Seen only through a [`Signal`](crate::Signal) kept after its scope.
+    Released,
 }
 
 impl fmt::Display for LossReason {
@@ -270,6 +286,7 @@ impl fmt::Display for LossReason {
                 f,
                 "extensions failed and only {remaining:?} of validity is left"
             ),
+            LossReason::Released => f.write_str("its using() scope ended and released it"),
         }
     }
 }

@@ -149,7 +149,17 @@ impl Lock {
     ///
     /// [`Error::QuorumUnreachable`] when a majority of nodes could not be reached; the keys
     /// there expire at the end of their TTL.
-    pub async fn release(mut self) -> Result<(), Error> {
+    pub async fn release(self) -> Result<(), Error> {
+        self.release_until(Until::Answered).await
+    }
+
+    /// Releases like [`release`](Lock::release), but waits for every node to answer or time
+    /// out, so that no call of this lock is left running when it returns (for `using()`).
+    pub(crate) async fn release_all(self) -> Result<(), Error> {
+        self.release_until(Until::All).await
+    }
+
+    async fn release_until(mut self, until: Until) -> Result<(), Error> {
         self.released = true;
         let round = self
             .shared
@@ -158,7 +168,7 @@ impl Lock {
                 &self.target.keys,
                 &self.token,
                 self.target.ttl,
-                Until::Answered,
+                until,
                 &self.settled,
             )
             .await;

@@ -37,7 +37,6 @@ fn run_time() -> Duration {
 /// One write offered to the fenced store, in the order the store saw them.
 #[derive(Clone, Debug)]
 struct Write {
-    worker: usize,
     fence: u64,
     accepted: bool,
     /// The writer had been frozen past its lease right before this write.
@@ -67,7 +66,7 @@ struct StoreInner {
 }
 
 impl FencedStore {
-    fn write(&self, resource: usize, worker: usize, fence: u64, after_freeze: bool) -> bool {
+    fn write(&self, resource: usize, fence: u64, after_freeze: bool) -> bool {
         let mut inner = self.inner.lock().expect("store");
         let last = inner.last.get(&resource).copied().unwrap_or(0);
         let accepted = fence > last;
@@ -75,7 +74,6 @@ impl FencedStore {
             inner.last.insert(resource, fence);
         }
         inner.history.entry(resource).or_default().push(Write {
-            worker,
             fence,
             accepted,
             after_freeze,
@@ -135,7 +133,7 @@ struct Shared {
     stop: AtomicBool,
 }
 
-fn worker(id: usize, urls: Vec<String>, counter: Arc<dyn FencingCounter>, shared: Arc<Shared>) {
+fn worker(urls: Vec<String>, counter: Arc<dyn FencingCounter>, shared: Arc<Shared>) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -172,19 +170,37 @@ fn worker(id: usize, urls: Vec<String>, counter: Arc<dyn FencingCounter>, shared
                         std::thread::sleep(freeze_for);
                     } else if let Err(lost) = signal.check() {
                         let end = valid_until.min(Instant::now());
-                        shared.leases.lock().expect("leases").push(Lease { resource, start, end });
-                        shared.figures.aborted_signals.fetch_add(1, Ordering::SeqCst);
+                        shared.leases.lock().expect("leases").push(Lease {
+                            resource,
+                            start,
+                            end,
+                        });
+                        shared
+                            .figures
+                            .aborted_signals
+                            .fetch_add(1, Ordering::SeqCst);
                         return Err(lost.into());
                     } else {
                         valid_until = Instant::now() + signal.remaining();
                     }
                     // Written without looking at the signal again: the store must catch it.
-                    shared.store.write(resource, id, fence, freeze);
+                    shared.store.write(resource, fence, freeze);
                     let now = Instant::now();
-                    let end = if !freeze && !signal.is_aborted() { now } else { valid_until.min(now) };
-                    shared.leases.lock().expect("leases").push(Lease { resource, start, end });
+                    let end = if !freeze && !signal.is_aborted() {
+                        now
+                    } else {
+                        valid_until.min(now)
+                    };
+                    shared.leases.lock().expect("leases").push(Lease {
+                        resource,
+                        start,
+                        end,
+                    });
                     if signal.is_aborted() {
-                        shared.figures.aborted_signals.fetch_add(1, Ordering::SeqCst);
+                        shared
+                            .figures
+                            .aborted_signals
+                            .fetch_add(1, Ordering::SeqCst);
                     }
                     Ok::<(), WorkError>(())
                 })
@@ -291,7 +307,12 @@ fn check(shared: &Shared, faults: &FaultLog) -> (Violations, u64, u64, u64) {
                 }
             }
             // (2) every write whose fence was not greater than an accepted one was rejected.
-            if w.accepted && writes.iter().take_while(|x| !std::ptr::eq(*x, w)).any(|x| x.accepted && x.fence >= w.fence) {
+            if w.accepted
+                && writes
+                    .iter()
+                    .take_while(|x| !std::ptr::eq(*x, w))
+                    .any(|x| x.accepted && x.fence >= w.fence)
+            {
                 v.stale_write_accepted += 1;
             }
         }
@@ -306,7 +327,10 @@ fn check(shared: &Shared, faults: &FaultLog) -> (Violations, u64, u64, u64) {
             }
             let (from, to) = (a.start.max(b.start), a.end.min(b.end));
             if from < to && !faults.active_during(from, to) {
-                eprintln!("overlap outside faults on resource {}: {a:?} and {b:?}", a.resource);
+                eprintln!(
+                    "overlap outside faults on resource {}: {a:?} and {b:?}",
+                    a.resource
+                );
                 v.overlapping_leases += 1;
             }
         }
@@ -325,9 +349,10 @@ async fn torture(cluster: &mut dyn Cluster) {
     });
     let counter: Arc<dyn FencingCounter> = Arc::new(MemoryCounter::new());
     let workers: Vec<_> = (0..WORKERS)
-        .map(|id| {
-            let (urls, counter, shared) = (cluster.urls(), Arc::clone(&counter), Arc::clone(&shared));
-            std::thread::spawn(move || worker(id, urls, counter, shared))
+        .map(|_| {
+            let (urls, counter, shared) =
+                (cluster.urls(), Arc::clone(&counter), Arc::clone(&shared));
+            std::thread::spawn(move || worker(urls, counter, shared))
         })
         .collect();
     let faults = FaultLog::default();
@@ -354,8 +379,14 @@ async fn torture(cluster: &mut dyn Cluster) {
         violations.total(),
     );
     assert_eq!(violations.total(), 0, "[{name}] {violations:?}");
-    assert!(f.acquisitions.load(Ordering::SeqCst) > 50, "[{name}] too little work to judge");
-    assert!(f.freezes.load(Ordering::SeqCst) > 0, "[{name}] no worker was frozen");
+    assert!(
+        f.acquisitions.load(Ordering::SeqCst) > 50,
+        "[{name}] too little work to judge"
+    );
+    assert!(
+        f.freezes.load(Ordering::SeqCst) > 0,
+        "[{name}] no worker was frozen"
+    );
 }
 
 /// The two runs share two cores: one at a time.
@@ -371,6 +402,8 @@ async fn torture_local() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn torture_compose() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(mut cluster) = ComposeCluster::up("torture") else { return };
+    let Some(mut cluster) = ComposeCluster::up("torture") else {
+        return;
+    };
     torture(&mut cluster).await;
 }

@@ -70,8 +70,12 @@ fn template(bin: &Path) -> &'static Path {
             .filter(|c| c.is_ascii_alphanumeric() || *c == '.')
             .collect();
         // The initdb options below are part of the key: change "v1" when they change.
-        let cache =
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("pg-template-v1-{version}"));
+        // Integration tests get a target temp dir; an example that includes this file does not.
+        let cache = option_env!("CARGO_TARGET_TMPDIR")
+            .map(Path::new)
+            .map(Path::to_path_buf)
+            .unwrap_or_else(std::env::temp_dir)
+            .join(format!("pg-template-v1-{version}"));
         if cache.join("data").join("PG_VERSION").exists() && cache.join("complete").exists() {
             return cache.join("data");
         }
