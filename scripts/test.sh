@@ -10,6 +10,8 @@ if command -v docker >/dev/null 2>&1 && command -v docker-compose >/dev/null 2>&
     && docker info >/dev/null 2>&1; then
     bash docker/build-image.sh
     export REDFENCE_DOCKER=1
+    # The compose tests bring the five nodes up; take them down whatever happens.
+    trap 'bash docker/nodes.sh down >/dev/null 2>&1 || true' EXIT
 else
     echo "[test] Docker or docker-compose is not available: the compose-harness tests will be skipped"
 fi

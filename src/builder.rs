@@ -222,9 +222,10 @@ impl RedlockBuilder {
         self
     }
 
-    /// `using()` extends the lock when its remaining validity falls below this, and aborts the
-    /// signal when extensions fail and less than this is left. Defaults to 500 ms.
-    /// Must be shorter than the TTLs given to `using()`.
+    /// `using()` extends the lock shortly before its remaining validity falls below this
+    /// (early enough to retry a failed round), and aborts the signal when no extension
+    /// succeeded by the time less than this is left. Defaults to 500 ms. The TTLs given to
+    /// `using()` must exceed it plus the drift allowance.
     pub fn automatic_extension_threshold(mut self, threshold: Duration) -> Self {
         self.config.extension_threshold = threshold;
         self
