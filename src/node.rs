@@ -59,10 +59,12 @@ pub(crate) struct RedisNode {
     index: usize,
     addr: String,
     identity: String,
-    shared: Arc<Shared>,
+    shared: Arc<LazyConnection>,
 }
 
-struct Shared {
+/// One multiplexed, auto-reconnecting connection to a Redis server, made on first use
+/// (inside the caller's runtime) and shared by every call.
+pub(crate) struct LazyConnection {
     client: Client,
     conn: OnceCell<ConnectionManager>,
     connect_timeout: Duration,
@@ -77,13 +79,12 @@ impl RedisNode {
             index,
             addr,
             identity,
-            shared: Arc::new(Shared {
+            // Connecting is not on any lock's critical path (calls are bounded by
+            // node_timeout); give it room so a slow handshake still completes.
+            shared: Arc::new(LazyConnection::new(
                 client,
-                conn: OnceCell::new(),
-                // Connecting is not on any lock's critical path (calls are bounded by
-                // node_timeout); give it room so a slow handshake still completes.
-                connect_timeout: node_timeout.max(Duration::from_secs(1)),
-            }),
+                node_timeout.max(Duration::from_secs(1)),
+            )),
         }
     }
 
@@ -97,8 +98,32 @@ impl RedisNode {
     }
 }
 
-impl Shared {
-    async fn connection(&self) -> Result<ConnectionManager, redis::RedisError> {
+impl LazyConnection {
+    /// A connection to the server `client` points at, made on first use; connecting may take
+    /// up to `connect_timeout`. Callers bound each call themselves.
+    pub(crate) fn new(client: Client, connect_timeout: Duration) -> Self {
+        LazyConnection {
+            client,
+            conn: OnceCell::new(),
+            connect_timeout,
+        }
+    }
+
+    /// The same, connecting within `connect_timeout` (before first use only).
+    pub(crate) fn with_connect_timeout(self, connect_timeout: Duration) -> Self {
+        LazyConnection {
+            connect_timeout,
+            ..self
+        }
+    }
+
+    /// The server's address, for messages.
+    pub(crate) fn addr(&self) -> String {
+        self.client.get_connection_info().addr().to_string()
+    }
+
+    /// The shared connection (a cheap clone).
+    pub(crate) async fn connection(&self) -> Result<ConnectionManager, redis::RedisError> {
         let conn = self
             .conn
             .get_or_try_init(|| async {
@@ -109,15 +134,19 @@ impl Shared {
                     .set_response_timeout(None)
                     // Reconnect quickly after a node restarts.
                     .set_max_delay(Duration::from_secs(1));
-                ConnectionManager::new_lazy_with_config(self.client.clone(), config)
+                let manager = ConnectionManager::new_lazy_with_config(self.client.clone(), config)?;
+                // The first connection only progresses while a call polls it, and every call
+                // gives up after node_timeout: a handshake slower than that would never
+                // finish. Drive it in the background instead (reconnects already are).
+                let mut driver = manager.clone();
+                tokio::spawn(async move {
+                    let _ = redis::cmd("PING").query_async::<()>(&mut driver).await;
+                });
+                Ok::<_, redis::RedisError>(manager)
             })
             .await?;
         Ok(conn.clone())
     }
-}
-
-fn req_addr(shared: &Shared) -> String {
-    shared.client.get_connection_info().addr().to_string()
 }
 
 impl Node for RedisNode {
@@ -147,7 +176,7 @@ impl Node for RedisNode {
                 // and makes the manager reconnect: repeat it once on the new connection. All
                 // three scripts are idempotent for one token; node_timeout still bounds this.
                 Err(err) if err.is_io_error() || err.is_connection_dropped() => {
-                    tracing::debug!(node = %req_addr(&shared), %err, "connection lost; retrying once");
+                    tracing::debug!(node = %shared.addr(), %err, "connection lost; retrying once");
                     Ok(invocation.invoke_async(&mut conn).await?)
                 }
                 Err(err) => Err(err.into()),

@@ -137,13 +137,11 @@ async fn slow_node(cluster: &mut dyn Cluster) {
     let mut slowed = urls[..4].to_vec();
     slowed.push(proxy.url());
     let redlock = Redlock::builder().nodes(slowed).build().expect("config");
-    redlock
-        .acquire(&["warm"], TTL)
-        .await
-        .expect("warm")
-        .release()
-        .await
-        .expect("release");
+    // Connect to every node, the one behind the proxy included, before slowing it down.
+    let warm = redlock.acquire(&["warm"], TTL).await.expect("warm");
+    let token = warm.token().to_owned();
+    assert!(eventually(|| cluster.get(4, "warm").as_deref() == Some(token.as_str())).await);
+    warm.release().await.expect("release");
 
     proxy.set(Mode::Delay(Duration::from_millis(200)));
     let mut took = Vec::new();

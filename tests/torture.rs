@@ -390,18 +390,18 @@ async fn torture(cluster: &mut dyn Cluster) {
 }
 
 /// The two runs share two cores: one at a time.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn torture_local() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let _turn = ONE_AT_A_TIME.lock().await;
     let mut cluster = LocalCluster::start(5).await;
     torture(&mut cluster).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn torture_compose() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let _turn = ONE_AT_A_TIME.lock().await;
     let Some(mut cluster) = ComposeCluster::up("torture") else {
         return;
     };

@@ -5,12 +5,11 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Script};
-use tokio::sync::OnceCell;
 
 use super::FencingCounter;
 use crate::error::BoxError;
+use crate::node::LazyConnection;
 
 /// Reads every counter key, takes the largest value plus one (`INCR` for a single key) and
 /// stores it in every key, atomically.
@@ -71,8 +70,7 @@ pub const DEFAULT_REDIS_FENCE_TIMEOUT: Duration = Duration::from_secs(1);
 /// # }
 /// ```
 pub struct RedisCounter {
-    client: Client,
-    conn: OnceCell<ConnectionManager>,
+    conn: LazyConnection,
     prefix: String,
     timeout: Duration,
 }
@@ -82,8 +80,7 @@ impl RedisCounter {
     /// timeout. Connects on first use.
     pub fn new(client: Client) -> Self {
         RedisCounter {
-            client,
-            conn: OnceCell::new(),
+            conn: LazyConnection::new(client, DEFAULT_REDIS_FENCE_TIMEOUT),
             prefix: DEFAULT_REDIS_FENCE_PREFIX.to_owned(),
             timeout: DEFAULT_REDIS_FENCE_TIMEOUT,
         }
@@ -113,6 +110,7 @@ impl RedisCounter {
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self.conn = self.conn.with_connect_timeout(timeout);
         self
     }
 
@@ -121,27 +119,12 @@ impl RedisCounter {
         format!("{}{{{}}}", self.prefix, resource)
     }
 
-    async fn connection(&self) -> Result<ConnectionManager, redis::RedisError> {
-        let conn = self
-            .conn
-            .get_or_try_init(|| async {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.timeout))
-                    // Every call is bounded by `timeout` below.
-                    .set_response_timeout(None)
-                    .set_max_delay(Duration::from_secs(1));
-                ConnectionManager::new_lazy_with_config(self.client.clone(), config)
-            })
-            .await?;
-        Ok(conn.clone())
-    }
-
     async fn next(&self, resources: &[String]) -> Result<u64, BoxError> {
         if resources.is_empty() {
             return Err("the Redis fencing counter was given no resource".into());
         }
         let call = async {
-            let mut conn = self.connection().await?;
+            let mut conn = self.conn.connection().await?;
             let mut invocation = NEXT_FENCE.prepare_invoke();
             for resource in resources {
                 invocation.key(self.key(resource));
@@ -153,16 +136,12 @@ impl RedisCounter {
         let reply = match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(reply)) => reply,
             Ok(Err(err)) => {
-                return Err(format!(
-                    "Redis fencing counter at {}: {err}",
-                    self.client.get_connection_info().addr()
-                )
-                .into());
+                return Err(format!("Redis fencing counter at {}: {err}", self.conn.addr()).into());
             }
             Err(_) => {
                 return Err(format!(
                     "Redis fencing counter at {} timed out after {:?}",
-                    self.client.get_connection_info().addr(),
+                    self.conn.addr(),
                     self.timeout
                 )
                 .into());
@@ -172,7 +151,7 @@ impl RedisCounter {
             Ok(fence) if fence > 0 => Ok(fence),
             _ => Err(format!(
                 "Redis fencing counter at {} returned {reply}, not a positive token (a counter key was overwritten)",
-                self.client.get_connection_info().addr()
+                self.conn.addr()
             )
             .into()),
         }
@@ -188,10 +167,7 @@ impl FencingCounter for RedisCounter {
 impl fmt::Debug for RedisCounter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisCounter")
-            .field(
-                "addr",
-                &self.client.get_connection_info().addr().to_string(),
-            )
+            .field("addr", &self.conn.addr())
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
