@@ -16,4 +16,6 @@ else
     echo "[test] Docker or docker-compose is not available: the compose-harness tests will be skipped"
 fi
 
-cargo test --all-features "$@"
+# Everything but the torture runs, then the torture runs with their figures printed.
+cargo test --all-features -- --skip torture_
+cargo test --all-features --test torture -- --nocapture
