@@ -189,8 +189,8 @@ impl RedlockBuilder {
     /// The base delay between attempts of the fixed schedule (see [`Backoff::Fixed`]).
     /// Defaults to 200 ms. Replaces an exponential schedule set with [`backoff`](Self::backoff).
     pub fn retry_delay(mut self, delay: Duration) -> Self {
-        let jitter = match self.config.backoff {
-            Backoff::Fixed { jitter, .. } => jitter,
+        let jitter = match (self.config.backoff, Backoff::DEFAULT) {
+            (Backoff::Fixed { jitter, .. }, _) | (_, Backoff::Fixed { jitter, .. }) => jitter,
             _ => Duration::ZERO,
         };
         self.config.backoff = Backoff::Fixed { delay, jitter };
@@ -200,9 +200,9 @@ impl RedlockBuilder {
     /// The largest random deviation from `retry_delay`, either way (see [`Backoff::Fixed`]).
     /// Defaults to 100 ms. Replaces an exponential schedule set with [`backoff`](Self::backoff).
     pub fn retry_jitter(mut self, jitter: Duration) -> Self {
-        let delay = match self.config.backoff {
-            Backoff::Fixed { delay, .. } => delay,
-            _ => Duration::from_millis(200),
+        let delay = match (self.config.backoff, Backoff::DEFAULT) {
+            (Backoff::Fixed { delay, .. }, _) | (_, Backoff::Fixed { delay, .. }) => delay,
+            _ => Duration::ZERO,
         };
         self.config.backoff = Backoff::Fixed { delay, jitter };
         self
@@ -215,8 +215,11 @@ impl RedlockBuilder {
         self
     }
 
-    /// An overall deadline for `acquire` and `using`, retries included; when it passes,
-    /// they fail with [`Error::AcquireTimeout`]. Defaults to none: `retry_count` bounds them.
+    /// An overall deadline for `acquire` and `using`, retries included: no attempt starts
+    /// after it, and no retry waits past it; they then fail with [`Error::AcquireTimeout`].
+    /// It is checked between attempts: an attempt under way when it passes runs to its end
+    /// (bounded by `node_timeout` and `fencing_timeout`), and a lock it wins is returned.
+    /// Defaults to none: `retry_count` bounds them.
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
         self.config.acquire_timeout = Some(timeout);
         self

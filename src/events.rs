@@ -88,7 +88,11 @@ impl EventHook {
             }
         }
         if let Some(hook) = &self.0 {
-            hook(&event);
+            // A panicking hook must not take the extension task (and the lock) down with it.
+            let call = std::panic::AssertUnwindSafe(|| hook(&event));
+            if std::panic::catch_unwind(call).is_err() {
+                tracing::error!("the on_event hook panicked; the event was dropped");
+            }
         }
     }
 }

@@ -199,8 +199,8 @@ impl Redlock {
 
         drop(stop);
         if let Err(error) = task.await {
-            // The task never panics; this is a cancelled runtime. The lock, dropped with the
-            // task, releases itself in the background if it can.
+            // The task does not panic (hooks are guarded); this is a cancelled runtime. The
+            // lock, dropped with the task, releases itself in the background if it can.
             tracing::error!(?error, resources = ?target.resources, "lock extension task failed");
         }
         match outcome {
@@ -594,6 +594,8 @@ async fn extension_task(
     policy: Policy,
     mut stop: oneshot::Receiver<()>,
 ) {
+    // However this task ends (even aborted with its runtime), the signal stops saying "held".
+    let _finish = FinishOnDrop(Arc::clone(&state));
     if let End::GaveUp = extend_until_stopped(&mut lock, lease, &state, &policy, &mut stop).await {
         // Whether `using` sent nothing and dropped the sender, or was dropped: both end it.
         let _ = stop.await;
@@ -602,6 +604,15 @@ async fn extension_task(
     let resources = state.resources.to_vec();
     if let Err(error) = lock.release_all().await {
         state.events.emit(Event::ReleaseFailed { resources, error });
+    }
+}
+
+/// Marks the scope as over when dropped.
+struct FinishOnDrop(Arc<State>);
+
+impl Drop for FinishOnDrop {
+    fn drop(&mut self) {
+        self.0.finish();
     }
 }
 

@@ -719,3 +719,33 @@ async fn a_scope_that_ends_at_once_leaves_no_key() {
         "(round, node, PTTL ms) left: {leftovers:?}"
     );
 }
+
+/// A hook that panics on every event must not take the extension task, and with it the lock,
+/// down: the lock keeps being extended and the signal stays clear.
+#[tokio::test]
+async fn a_panicking_event_hook_does_not_lose_the_lock() {
+    let servers = Servers::start(3);
+    let redlock = servers
+        .builder()
+        .node_timeout(PATIENT)
+        .automatic_extension_threshold(200 * MS)
+        .on_event(|_: &Event| panic!("a buggy metrics hook"))
+        .build()
+        .expect("config");
+    let other = patient(&servers);
+    let ttl = 600 * MS;
+    redlock
+        .using(&["job"], ttl, |signal| async move {
+            // Three TTLs: several extensions, each emitting an event to the panicking hook.
+            let until = Instant::now() + ttl * 3;
+            while Instant::now() < until {
+                assert!(!signal.is_aborted(), "{:?}", signal.error());
+                let err = other.try_acquire(&["job"], ttl).await.expect_err("held");
+                assert!(matches!(err, Error::Contended { .. }), "{err:?}");
+                tokio::time::sleep(100 * MS).await;
+            }
+            Ok::<_, Error>(())
+        })
+        .await
+        .expect("using");
+}
