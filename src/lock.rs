@@ -160,7 +160,6 @@ impl Lock {
     }
 
     async fn release_until(mut self, until: Until) -> Result<(), Error> {
-        self.released = true;
         let round = self
             .shared
             .round(
@@ -173,6 +172,8 @@ impl Lock {
             )
             .await;
         let (tally, _) = round.into_parts();
+        // Only now: a release dropped half-way still releases in the background (on drop).
+        self.released = true;
         if tally.answered() >= tally.quorum() {
             Ok(())
         } else {

@@ -228,7 +228,9 @@ impl Settled {
 
 /// Sends `req` to every node at once, each call bounded by `timeout`, and returns as soon as
 /// the round is decided by `until`, with the calls still running. A node that still had a
-/// call running from the earlier round `after` gets this request only once that call ended.
+/// call running from the earlier round `after` gets this request only once that call ended
+/// (itself bounded by `timeout`), so its answer can take up to twice `timeout`; the round is
+/// still decided by the other nodes as soon as it can be.
 pub(crate) async fn fan_out<N: Node>(
     nodes: &[N],
     req: &Request,

@@ -94,7 +94,10 @@ impl Redlock {
     /// - [`Error::AcquireTimeout`] when `acquire_timeout` ran out first.
     /// - [`Error::Fencing`] when the fencing counter could not issue a token.
     ///
-    /// Whatever the error, nothing is left locked: a failed attempt releases on every node.
+    /// Whatever the error, nothing is left locked: a failed attempt releases on every node
+    /// before it returns (waiting for calls still running on slow nodes first, so a hung
+    /// node can make a failed attempt take up to twice `node_timeout`). A call dropped before
+    /// it returns (e.g. under `tokio::time::timeout`) releases in the background.
     pub async fn acquire(
         &self,
         resources: &[impl AsRef<str>],
@@ -192,24 +195,43 @@ impl Redlock {
             token: new_token(),
             ttl_ms: millis(target.ttl),
         };
+        // Until this attempt has handed out a lock or cleaned up after itself, dropping it
+        // (the caller gave up mid-way) releases on every node in the background.
+        let mut guard = AttemptGuard {
+            shared: Arc::clone(shared),
+            req: req.clone(),
+            after: Settled::none(),
+            armed: true,
+        };
         let start = Instant::now();
-        let (valid_for, settled) = quorum::acquire_round(
+        let round = quorum::acquire_round(
             &shared.nodes,
             &req,
             &target.resources,
             config.node_timeout,
             config.drift_factor,
         )
-        .await?;
+        .await;
+        let (valid_for, settled) = match round {
+            Ok(granted) => granted,
+            Err(error) => {
+                // acquire_round released on every node already.
+                guard.armed = false;
+                return Err(error);
+            }
+        };
+        guard.after = settled.clone();
         let expires_at = start + valid_for;
         let fence = match self.fence(&target.resources, expires_at).await {
             Ok(fence) => fence,
             Err(error) => {
                 quorum::release_everywhere(&shared.nodes, &req, config.node_timeout, &settled)
                     .await;
+                guard.armed = false;
                 return Err(error.into());
             }
         };
+        guard.armed = false;
         Ok(Lock::new(
             Arc::clone(shared),
             target.clone(),
@@ -261,6 +283,35 @@ impl Shared {
             ttl_ms: millis(ttl),
         };
         quorum::fan_out(&self.nodes, &req, self.config.node_timeout, until, after).await
+    }
+}
+
+/// Releases an unfinished attempt's keys on every node, in the background, when dropped armed.
+struct AttemptGuard {
+    shared: Arc<Shared>,
+    req: Request,
+    /// The calls the release must follow.
+    after: Settled,
+    armed: bool,
+}
+
+impl Drop for AttemptGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (shared, req, after) = (
+            Arc::clone(&self.shared),
+            self.req.clone(),
+            self.after.clone(),
+        );
+        runtime.spawn(async move {
+            let timeout = shared.config.node_timeout;
+            quorum::release_everywhere(&shared.nodes, &req, timeout, &after).await;
+        });
     }
 }
 

@@ -398,3 +398,41 @@ async fn scripts_are_reloaded_after_a_flush() {
         .expect("acquire after SCRIPT FLUSH");
     lock.release().await.expect("release");
 }
+
+#[tokio::test]
+async fn an_acquire_given_up_half_way_leaves_nothing_locked() {
+    let servers = Servers::start(3);
+    let redlock = servers
+        .builder()
+        .node_timeout(Duration::from_secs(2))
+        .build()
+        .expect("config");
+    redlock
+        .acquire(&["warm"], TTL)
+        .await
+        .expect("warm")
+        .release()
+        .await
+        .expect("release");
+    // Two of three nodes hang: node 0 grants at once, the attempt waits for a majority, and
+    // the caller gives up first.
+    servers.pause(1);
+    servers.pause(2);
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(200),
+        redlock.try_acquire(&["job"], Duration::from_secs(60)),
+    )
+    .await;
+    assert!(
+        gave_up.is_err(),
+        "expected the caller's timeout, got {gave_up:?}"
+    );
+    servers.resume(1);
+    servers.resume(2);
+    // Node 0's grant and the writes queued on the two others are all undone.
+    assert!(
+        eventually(|| (0..3).all(|i| servers.get(i, "job").is_none())).await,
+        "left behind: {:?}",
+        (0..3).map(|i| servers.get(i, "job")).collect::<Vec<_>>()
+    );
+}

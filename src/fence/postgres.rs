@@ -42,6 +42,7 @@ pub const DEFAULT_FENCE_COLUMN: &str = "last_fence";
 /// Set before a multi-resource claim, rolled back to when one of them is stale.
 const SAVEPOINT: &str = "SAVEPOINT redfence_claim_guards";
 const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT redfence_claim_guards";
+const RELEASE_SAVEPOINT: &str = "RELEASE SAVEPOINT redfence_claim_guards";
 
 /// Default [`PostgresCounter::timeout`]: 1 s.
 pub const DEFAULT_POSTGRES_FENCE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -1033,15 +1034,21 @@ impl FenceGuards {
             )
             .await
             .map_err(|err| FencedWriteError::db(&self.table, "claiming the guard rows", err))?;
-        if rows.len() == names.len() {
-            return Ok(());
-        }
+        let all_claimed = rows.len() == names.len();
         if several {
-            tx.batch_execute(ROLLBACK_TO_SAVEPOINT)
-                .await
-                .map_err(|err| {
-                    FencedWriteError::db(&self.table, "undoing the other claims", err)
-                })?;
+            // Undo the claims if one is stale, and in any case drop the savepoint, so that
+            // repeated claims in one transaction do not pile savepoints up.
+            let end = if all_claimed {
+                RELEASE_SAVEPOINT.to_owned()
+            } else {
+                format!("{ROLLBACK_TO_SAVEPOINT}; {RELEASE_SAVEPOINT}")
+            };
+            tx.batch_execute(&end).await.map_err(|err| {
+                FencedWriteError::db(&self.table, "ending the claims' savepoint", err)
+            })?;
+        }
+        if all_claimed {
+            return Ok(());
         }
         let claimed: Vec<String> = rows
             .iter()

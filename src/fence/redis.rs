@@ -28,7 +28,8 @@ pub const DEFAULT_REDIS_FENCE_TIMEOUT: Duration = Duration::from_secs(1);
 /// the default prefix: the hash tag keeps a resource's key in one slot. One Lua script
 /// (`EVALSHA`) reads the keys of every resource of the lock, takes the largest value plus
 /// one, stores it in all of them and returns it, atomically; for a single resource that is
-/// `INCR`. Gaps never happen in normal operation but are allowed.
+/// `INCR`. A resource's tokens can skip numbers (after a multi-resource lock, every resource
+/// in it jumps to the largest value plus one); only their order matters.
 ///
 /// The connection is made lazily on the first call (inside the caller's Tokio runtime),
 /// shared by every call, and re-established after a failure; every call, connecting
