@@ -420,17 +420,8 @@ impl PostgresCounter {
     }
 
     async fn create(&self, client: &Client) -> Result<(), CounterError> {
-        match client.batch_execute(&self.sql.create).await {
+        match create_if_absent(client, &self.sql.create).await {
             Ok(()) => Ok(()),
-            // Two sessions creating the same table at once: the loser sees a duplicate.
-            Err(err)
-                if matches!(
-                    err.code(),
-                    Some(&SqlState::UNIQUE_VIOLATION | &SqlState::DUPLICATE_TABLE)
-                ) =>
-            {
-                Ok(())
-            }
             Err(err) => Err(CounterError::pg(
                 format!("creating the counter table {}", self.table),
                 err,
@@ -940,16 +931,8 @@ impl FenceGuards {
     where
         C: GenericClient + Sync,
     {
-        match client.batch_execute(&self.create).await {
+        match create_if_absent(client, &self.create).await {
             Ok(()) => Ok(()),
-            Err(err)
-                if matches!(
-                    err.code(),
-                    Some(&SqlState::UNIQUE_VIOLATION | &SqlState::DUPLICATE_TABLE)
-                ) =>
-            {
-                Ok(())
-            }
             Err(err) => Err(FencedWriteError::db(
                 &self.table,
                 "creating the guard table",
@@ -1157,6 +1140,25 @@ fn describe_config(config: &Config) -> String {
             .or(config.get_user())
             .unwrap_or("(default)")
     )
+}
+
+/// Runs a `CREATE TABLE IF NOT EXISTS`; two sessions creating the same table at once is not
+/// an error (the loser sees a duplicate).
+async fn create_if_absent<C>(client: &C, sql: &str) -> Result<(), tokio_postgres::Error>
+where
+    C: GenericClient + Sync,
+{
+    match client.batch_execute(sql).await {
+        Err(err)
+            if matches!(
+                err.code(),
+                Some(&SqlState::UNIQUE_VIOLATION | &SqlState::DUPLICATE_TABLE)
+            ) =>
+        {
+            Ok(())
+        }
+        other => other,
+    }
 }
 
 #[cfg(test)]
