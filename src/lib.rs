@@ -64,6 +64,7 @@
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
 mod builder;
+mod clock;
 mod error;
 mod events;
 pub mod fence;

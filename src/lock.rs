@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::clock;
 use crate::error::{Error, LossReason};
 use crate::events::Event;
 use crate::node::Op;
@@ -81,12 +82,12 @@ impl Lock {
 
     /// How much validity is left (zero once expired).
     pub fn remaining(&self) -> Duration {
-        self.expires_at.saturating_duration_since(Instant::now())
+        self.expires_at.saturating_duration_since(clock::now())
     }
 
     /// Whether the validity has run out.
     pub fn is_expired(&self) -> bool {
-        Instant::now() >= self.expires_at
+        clock::now() >= self.expires_at
     }
 
     /// Extends the lock to `ttl` from now on a majority of nodes (compare-and-`PEXPIRE`), and
@@ -107,7 +108,7 @@ impl Lock {
         if self.is_expired() {
             return Err(self.lost(LossReason::Expired));
         }
-        let start = Instant::now();
+        let start = clock::now();
         let round = self
             .shared
             .round(

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::builder::{Config, RedlockBuilder};
+use crate::clock;
 use crate::error::FencingError;
 use crate::lock::Lock;
 use crate::node::{Op, RedisNode, Request};
@@ -157,7 +158,7 @@ impl Redlock {
     /// `acquire` for a validated request: attempts with the configured schedule and deadline.
     pub(crate) async fn acquire_target(&self, target: &Target) -> Result<Lock, Error> {
         let config = &self.shared.config;
-        let started = Instant::now();
+        let started = clock::now();
         let deadline = config.acquire_timeout.and_then(|t| started.checked_add(t));
         let mut delays = config.backoff.delays().take(config.retry_count as usize);
         let mut attempts: u32 = 0;
@@ -172,7 +173,7 @@ impl Redlock {
                 return Err(with_attempts(error, attempts));
             };
             if let Some(deadline) = deadline
-                && Instant::now() + delay >= deadline
+                && clock::now() + delay >= deadline
             {
                 return Err(Error::AcquireTimeout {
                     waited: started.elapsed(),
@@ -203,7 +204,7 @@ impl Redlock {
             after: Settled::none(),
             armed: true,
         };
-        let start = Instant::now();
+        let start = clock::now();
         let round = quorum::acquire_round(
             &shared.nodes,
             &req,
@@ -252,10 +253,10 @@ impl Redlock {
         let Some(counter) = &config.fencing else {
             return Ok(None);
         };
-        let remaining = expires_at.saturating_duration_since(Instant::now());
+        let remaining = expires_at.saturating_duration_since(clock::now());
         let limit = config.fencing_timeout.min(remaining);
         match tokio::time::timeout(limit, counter.next_fence(resources)).await {
-            Ok(Ok(_)) | Err(_) if Instant::now() >= expires_at => Err(FencingError::LockExpired),
+            Ok(Ok(_)) | Err(_) if clock::now() >= expires_at => Err(FencingError::LockExpired),
             Ok(Ok(token)) => Ok(Some(token)),
             Ok(Err(error)) => Err(FencingError::Counter(Arc::from(error))),
             Err(_) => Err(FencingError::Timeout(limit)),

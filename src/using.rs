@@ -575,7 +575,7 @@ impl Lease {
 /// it; the timers this module sleeps on follow the same clock, so decisions and wake-ups
 /// always agree.
 fn clock_now() -> Instant {
-    tokio::time::Instant::now().into_std()
+    crate::clock::now()
 }
 
 /// How the extension loop ended.
