@@ -72,16 +72,34 @@ async fn availability(cluster: &mut dyn Cluster, fault: Fault, down: [usize; 3])
         .await
         .unwrap_or_else(|e| panic!("{name}/{fault:?}: release with 2 down: {e}"));
 
+    let held = format!("held:{fault:?}");
+    let mut held = redlock
+        .acquire(&[held.as_str()], TTL)
+        .await
+        .expect("2 of 5 down");
+
     inject(cluster, fault, down[2]);
     let err = redlock.acquire(&[job], TTL).await.expect_err("3 of 5 down");
     assert!(
         matches!(err, Error::QuorumUnreachable { .. }),
         "{name}/{fault:?}: expected QuorumUnreachable, got {err:?}"
     );
+    // A lock held from before cannot be extended or released on a majority either, and says
+    // so; a failed extension is not taken for a lost lock.
+    let err = held.extend(TTL).await.expect_err("extend with 3 of 5 down");
+    assert!(
+        matches!(err, Error::QuorumUnreachable { .. }),
+        "{name}/{fault:?}: extend: expected QuorumUnreachable, got {err:?}"
+    );
+    let err = held.release().await.expect_err("release with 3 of 5 down");
+    assert!(
+        matches!(err, Error::QuorumUnreachable { .. }),
+        "{name}/{fault:?}: release: expected QuorumUnreachable, got {err:?}"
+    );
     let live: Vec<usize> = (0..5).filter(|i| !down.contains(i)).collect();
     for &i in &live {
         assert!(
-            cluster.keys(i).is_empty(),
+            cluster.get(i, job).is_none(),
             "{name}/{fault:?}: node {i} kept {:?}",
             cluster.keys(i)
         );
