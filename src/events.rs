@@ -87,6 +87,7 @@ impl EventHook {
                 tracing::warn!(?resources, %error, "lock release failed; keys will expire on their own")
             }
         }
+        crate::metrics::event(&event);
         if let Some(hook) = &self.0 {
             // A panicking hook must not take the extension task (and the lock) down with it.
             let call = std::panic::AssertUnwindSafe(|| hook(&event));

@@ -69,6 +69,7 @@ mod error;
 mod events;
 pub mod fence;
 mod lock;
+mod metrics;
 mod node;
 mod quorum;
 mod redlock;

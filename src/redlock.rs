@@ -104,8 +104,13 @@ impl Redlock {
         resources: &[impl AsRef<str>],
         ttl: Duration,
     ) -> Result<Lock, Error> {
-        let target = self.target(resources, ttl)?;
-        self.acquire_target(&target).await
+        let started = clock::now();
+        let result = match self.target(resources, ttl) {
+            Ok(target) => self.acquire_target(&target).await,
+            Err(error) => Err(error),
+        };
+        crate::metrics::acquisition(&result, started.elapsed());
+        result
     }
 
     /// Makes exactly one attempt to acquire a lock; the same as [`acquire`](Self::acquire)
@@ -115,8 +120,13 @@ impl Redlock {
         resources: &[impl AsRef<str>],
         ttl: Duration,
     ) -> Result<Lock, Error> {
-        let target = self.target(resources, ttl)?;
-        self.attempt(&target).await
+        let started = clock::now();
+        let result = match self.target(resources, ttl) {
+            Ok(target) => self.attempt(&target).await,
+            Err(error) => Err(error),
+        };
+        crate::metrics::acquisition(&result, started.elapsed());
+        result
     }
 
     /// Validates a request before any traffic.

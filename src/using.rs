@@ -171,7 +171,10 @@ impl Redlock {
         let config = &self.shared.config;
         let target = self.target(resources, ttl)?;
         let policy = Policy::new(config, target.ttl).map_err(Error::from)?;
-        let lock = self.acquire_target(&target).await?;
+        let started = clock_now();
+        let acquired = self.acquire_target(&target).await;
+        crate::metrics::acquisition(&acquired, started.elapsed());
+        let lock = acquired?;
         let lease = Lease::new(&lock, config.drift_factor);
         let state = Arc::new(State {
             resources: Arc::clone(&target.resources),
