@@ -13,6 +13,26 @@ use support::proxy::{Mode, Proxy};
 
 const TTL: Duration = Duration::from_secs(10);
 
+/// Runs `scenario` as two tests: against five local processes, and against the compose
+/// harness (skipped with a message where Docker is not available).
+macro_rules! against_both {
+    ($scenario:ident, $local:ident, $compose:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $local() {
+            let mut cluster = LocalCluster::start(5).await;
+            $scenario(&mut cluster).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $compose() {
+            let Some(mut cluster) = ComposeCluster::up(stringify!($scenario)) else {
+                return;
+            };
+            $scenario(&mut cluster).await;
+        }
+    };
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Fault {
     Kill,
@@ -133,19 +153,7 @@ async fn all_availability(cluster: &mut dyn Cluster) {
     availability(cluster, Fault::Disconnect, [4, 1, 2]).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn availability_local() {
-    let mut cluster = LocalCluster::start(5).await;
-    all_availability(&mut cluster).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn availability_compose() {
-    let Some(mut cluster) = ComposeCluster::up("availability") else {
-        return;
-    };
-    all_availability(&mut cluster).await;
-}
+against_both!(all_availability, availability_local, availability_compose);
 
 /// One node 200 ms away: the majority answers first, and that node is released afterwards.
 async fn slow_node(cluster: &mut dyn Cluster) {
@@ -199,19 +207,7 @@ fn port_of(url: &str) -> u16 {
         .expect("port in URL")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn slow_node_local() {
-    let mut cluster = LocalCluster::start(5).await;
-    slow_node(&mut cluster).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn slow_node_compose() {
-    let Some(mut cluster) = ComposeCluster::up("slow node") else {
-        return;
-    };
-    slow_node(&mut cluster).await;
-}
+against_both!(slow_node, slow_node_local, slow_node_compose);
 
 /// The known Redlock weakness: a majority restarted empty forgets the lock, and a second owner
 /// gets in during the first owner's TTL.
