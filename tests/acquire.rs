@@ -407,13 +407,7 @@ async fn an_acquire_given_up_half_way_leaves_nothing_locked() {
         .node_timeout(Duration::from_secs(2))
         .build()
         .expect("config");
-    redlock
-        .acquire(&["warm"], TTL)
-        .await
-        .expect("warm")
-        .release()
-        .await
-        .expect("release");
+    support::warm_up(&redlock).await;
     // Two of three nodes hang: node 0 grants at once, the attempt waits for a majority, and
     // the caller gives up first.
     servers.pause(1);

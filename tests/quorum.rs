@@ -81,13 +81,7 @@ async fn paused_nodes_cost_at_most_the_node_timeout() {
         .build()
         .expect("config");
     // Warm the connections so that connecting is not measured.
-    redlock
-        .acquire(&["warm"], TTL)
-        .await
-        .expect("acquire")
-        .release()
-        .await
-        .expect("release");
+    support::warm_up(&redlock).await;
 
     // Two paused nodes: the three others make the majority, without waiting for the two.
     servers.pause(0);

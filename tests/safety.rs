@@ -69,13 +69,7 @@ fn redlock(cluster: &dyn Cluster) -> Redlock {
 async fn availability(cluster: &mut dyn Cluster, fault: Fault, down: [usize; 3]) {
     let name = cluster.name();
     let redlock = redlock(cluster);
-    redlock
-        .acquire(&["warm"], TTL)
-        .await
-        .expect("warm")
-        .release()
-        .await
-        .expect("release");
+    support::warm_up(&redlock).await;
     let job = format!("job:{fault:?}");
     let job = job.as_str();
 
@@ -209,11 +203,11 @@ fn port_of(url: &str) -> u16 {
 
 against_both!(slow_node, slow_node_local, slow_node_compose);
 
-/// The known Redlock weakness: a majority restarted empty forgets the lock, and a second owner
-/// gets in during the first owner's TTL.
-async fn restart_lets_a_second_owner_in(cluster: &mut dyn Cluster) {
-    let name = cluster.name();
-    let redlock = redlock(cluster);
+/// Takes `job` on all five nodes, then kills and restarts nodes 0, 1 and 2 (a majority).
+async fn held_everywhere_then_restart_three(
+    cluster: &mut dyn Cluster,
+    redlock: &Redlock,
+) -> redfence::Lock {
     let first = redlock.acquire(&["job"], TTL).await.expect("first owner");
     let token = first.token().to_owned();
     assert!(
@@ -224,6 +218,15 @@ async fn restart_lets_a_second_owner_in(cluster: &mut dyn Cluster) {
         cluster.kill(i);
         cluster.restart(i);
     }
+    first
+}
+
+/// The known Redlock weakness: a majority restarted empty forgets the lock, and a second owner
+/// gets in during the first owner's TTL.
+async fn restart_lets_a_second_owner_in(cluster: &mut dyn Cluster) {
+    let name = cluster.name();
+    let redlock = redlock(cluster);
+    let first = held_everywhere_then_restart_three(cluster, &redlock).await;
     let second = redlock.try_acquire(&["job"], TTL).await;
     assert!(
         second.is_ok() && !first.is_expired(),
@@ -267,16 +270,8 @@ async fn delayed_restart_prevents_it(cluster: &mut dyn Cluster) {
 async fn fsync_always_prevents_it(cluster: &mut dyn Cluster) {
     let name = cluster.name();
     let redlock = redlock(cluster);
-    let first = redlock.acquire(&["job"], TTL).await.expect("first owner");
+    let first = held_everywhere_then_restart_three(cluster, &redlock).await;
     let token = first.token().to_owned();
-    assert!(
-        eventually(|| (0..5).all(|i| cluster.get(i, "job").as_deref() == Some(token.as_str())))
-            .await
-    );
-    for i in 0..3 {
-        cluster.kill(i);
-        cluster.restart(i);
-    }
     let err = redlock
         .try_acquire(&["job"], TTL)
         .await

@@ -278,6 +278,16 @@ impl Drop for Servers {
     }
 }
 
+/// Takes and releases a lock once, so that every node's connection is open and its scripts
+/// are loaded before a test measures or injects anything.
+pub async fn warm_up(redlock: &Redlock) {
+    let lock = redlock
+        .acquire(&["warm"], Duration::from_secs(10))
+        .await
+        .expect("warm-up acquire");
+    lock.release().await.expect("warm-up release");
+}
+
 /// Polls `cond` until it holds or [`DEADLINE`] passes; returns whether it held.
 pub async fn eventually(mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + DEADLINE;
