@@ -163,6 +163,23 @@ pub enum InvalidInput {
         /// The repeated name.
         resource: String,
     },
+    /// More resources were given than one lock may hold.
+    #[error("{given} resources were given; one lock may hold at most {max}")]
+    TooManyResources {
+        /// How many were given.
+        given: usize,
+        /// The limit, [`MAX_RESOURCES`](crate::MAX_RESOURCES).
+        max: usize,
+    },
+    /// The configured fencing counter cannot issue a token for this resource name (e.g.
+    /// PostgreSQL `text` cannot hold a NUL byte).
+    #[error("resource #{index} cannot be fenced by the configured counter: {reason}")]
+    ResourceNotFenceable {
+        /// Its position in the slice given.
+        index: usize,
+        /// What the counter said.
+        reason: String,
+    },
     /// The TTL is shorter than one millisecond, the resolution Redis expires keys at.
     #[error("ttl {ttl:?} is shorter than 1 ms")]
     ZeroTtl {

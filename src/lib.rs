@@ -88,7 +88,7 @@ pub use events::Event;
 pub use fence::postgres::{PostgresCounter, StaleFence};
 pub use fence::{FencingCounter, MemoryCounter, RedisCounter};
 pub use lock::Lock;
-pub use redlock::{MAX_TTL, Redlock};
+pub use redlock::{MAX_RESOURCES, MAX_TTL, Redlock};
 pub use retry::Backoff;
 pub use using::Signal;
 

@@ -1,5 +1,6 @@
 //! `Redlock`: acquire a lock on a majority of independent Redis masters.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,6 +16,12 @@ use crate::{Error, InvalidInput};
 /// The longest TTL redfence sends to Redis: about 146 million years, far inside what Redis
 /// accepts for `PX` and what an [`Instant`] can represent.
 pub const MAX_TTL: Duration = Duration::from_millis(i64::MAX as u64 / 2);
+
+/// The most resources one lock may hold. Every resource is a key in one script call per
+/// node, and a script blocks its Redis server while it runs: a lock over more keys than this
+/// would stall every other client of the node. Larger requests fail with
+/// [`InvalidInput::TooManyResources`] before any traffic.
+pub const MAX_RESOURCES: usize = 1_000;
 
 /// A distributed lock manager over N independent Redis masters (the Redlock algorithm).
 ///
@@ -87,7 +94,8 @@ impl Redlock {
     ///
     /// # Errors
     ///
-    /// - [`Error::InvalidInput`] for no, empty or duplicate resources, or a TTL that is below
+    /// - [`Error::InvalidInput`] for no, empty or duplicate resources, more than
+    ///   [`MAX_RESOURCES`], a name the fencing counter cannot store, or a TTL that is below
     ///   1 ms, not above the drift allowance, or above [`MAX_TTL`]; nothing is sent.
     /// - [`Error::Contended`] when another owner still held it after the last retry.
     /// - [`Error::QuorumUnreachable`] when too many nodes failed in the last attempt.
@@ -140,17 +148,30 @@ impl Redlock {
         if resources.is_empty() {
             return Err(InvalidInput::NoResources.into());
         }
+        if resources.len() > MAX_RESOURCES {
+            return Err(InvalidInput::TooManyResources {
+                given: resources.len(),
+                max: MAX_RESOURCES,
+            }
+            .into());
+        }
+        let mut seen: HashSet<&str> = HashSet::with_capacity(resources.len());
         let mut names: Vec<String> = Vec::with_capacity(resources.len());
         for (index, resource) in resources.iter().enumerate() {
             let name = resource.as_ref();
             if name.is_empty() {
                 return Err(InvalidInput::EmptyResource { index }.into());
             }
-            if names.iter().any(|n| n == name) {
+            if !seen.insert(name) {
                 return Err(InvalidInput::DuplicateResource {
                     resource: name.to_owned(),
                 }
                 .into());
+            }
+            if let Some(counter) = &config.fencing
+                && let Err(reason) = counter.check_resource(name)
+            {
+                return Err(InvalidInput::ResourceNotFenceable { index, reason }.into());
             }
             names.push(name.to_owned());
         }

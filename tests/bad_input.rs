@@ -123,3 +123,71 @@ fn errors_say_what_was_wrong() {
     let msg = e.to_string();
     assert!(msg.contains("#1") && msg.contains("http://nope"), "{msg}");
 }
+
+#[tokio::test]
+async fn too_many_resources_are_refused_before_any_work() {
+    let redlock = Redlock::builder()
+        .node("redis://127.0.0.1:1")
+        .build()
+        .expect("config");
+    // Far past the limit: refused outright, without walking the list for duplicates.
+    let many: Vec<String> = (0..80_000).map(|i| format!("r{i}")).collect();
+    assert_eq!(
+        invalid(redlock.acquire(&many, TTL).await),
+        InvalidInput::TooManyResources {
+            given: 80_000,
+            max: redfence::MAX_RESOURCES
+        }
+    );
+    // At the limit, a duplicate in last place is still found.
+    let mut at_limit: Vec<String> = (0..redfence::MAX_RESOURCES - 1)
+        .map(|i| format!("r{i}"))
+        .collect();
+    at_limit.push("r0".into());
+    assert_eq!(
+        invalid(redlock.try_acquire(&at_limit, TTL).await),
+        InvalidInput::DuplicateResource {
+            resource: "r0".into()
+        }
+    );
+}
+
+/// A counter that cannot store names with a `#`.
+struct NoHashCounter;
+
+impl redfence::FencingCounter for NoHashCounter {
+    fn next_fence<'a>(
+        &'a self,
+        _: &'a [String],
+    ) -> futures::future::BoxFuture<'a, Result<u64, redfence::BoxError>> {
+        Box::pin(async { Ok(1) })
+    }
+
+    fn check_resource(&self, resource: &str) -> Result<(), String> {
+        if resource.contains('#') {
+            Err("no # allowed".into())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_name_the_counter_cannot_store_is_refused_before_any_traffic() {
+    let servers = Servers::start(3);
+    let redlock = servers
+        .builder()
+        .fencing(NoHashCounter)
+        .build()
+        .expect("config");
+    let e = invalid(redlock.acquire(&["fine", "not#fine"], TTL).await);
+    assert_eq!(
+        e,
+        InvalidInput::ResourceNotFenceable {
+            index: 1,
+            reason: "no # allowed".into()
+        }
+    );
+    assert!(e.to_string().contains("#1"), "{e}");
+    assert_eq!(clients(&servers), 1);
+}

@@ -127,6 +127,16 @@ pub trait FencingCounter: Send + Sync {
     /// Issues the next token for a lock on `resources` (the resource names, without the key
     /// prefix): greater than every token issued before for any of them.
     fn next_fence<'a>(&'a self, resources: &'a [String]) -> BoxFuture<'a, Result<u64, BoxError>>;
+
+    /// Checks, before any traffic, that this counter can issue tokens for a resource named
+    /// `resource`; `Err` says why not (the request then fails with
+    /// [`InvalidInput::ResourceNotFenceable`](crate::InvalidInput::ResourceNotFenceable) and
+    /// nothing is locked). Called once per resource of every request. The default accepts
+    /// every name.
+    fn check_resource(&self, resource: &str) -> Result<(), String> {
+        let _ = resource;
+        Ok(())
+    }
 }
 
 /// An in-process counter, for tests and single-process use.
