@@ -93,22 +93,33 @@ impl Lock {
     /// Extends the lock to `ttl` from now on a majority of nodes (compare-and-`PEXPIRE`), and
     /// recomputes the validity the same way `acquire` does.
     ///
-    /// A failed extension never releases anything: the lock stays as it was, still valid
-    /// until its old [`expires_at`](Lock::expires_at).
+    /// A failed extension never releases anything. But the nodes that did apply it may now
+    /// expire the keys sooner than before (when `ttl` is shorter than what was left), so after
+    /// a failed or dropped extension the lock reports no more validity than the keys may have:
+    /// `min(old expiry, start of the round + ttl - drift)`. With a `ttl` at least as long as
+    /// the remaining validity (the usual case) that is the old expiry.
     ///
     /// # Errors
     ///
-    /// - [`Error::InvalidInput`] for a TTL `acquire` would reject; nothing is sent.
+    /// - [`Error::InvalidInput`] for a TTL `acquire` would reject; nothing is sent and the lock
+    ///   is unchanged.
     /// - [`Error::LockLost`] when the lock has already expired locally, or a majority answered
     ///   that its keys no longer hold our token.
     /// - [`Error::QuorumUnreachable`] when too many nodes failed to confirm it.
     /// - [`Error::NoValidity`] when the majority answered too late.
     pub async fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
-        let ttl = validate_ttl(ttl, self.shared.config.drift_factor)?;
+        let drift_factor = self.shared.config.drift_factor;
+        let ttl = validate_ttl(ttl, drift_factor)?;
         if self.is_expired() {
             return Err(self.lost(LossReason::Expired));
         }
         let start = clock::now();
+        // Where the keys may expire once any node applied this round: from the round's start
+        // (before any node saw it), minus the drift allowance. Set before the first await, so
+        // that a failed round, and a call dropped half-way, leave the lock no more validity
+        // than that (never more than it had).
+        let bound = start + ttl.saturating_sub(quorum::drift(ttl, drift_factor));
+        self.expires_at = self.expires_at.min(bound);
         let round = self
             .shared
             .round(
@@ -126,8 +137,9 @@ impl Lock {
         if !tally.reached() {
             return Err(tally.extend_error(&self.target.resources));
         }
-        match quorum::validity(ttl, elapsed, self.shared.config.drift_factor) {
+        match quorum::validity(ttl, elapsed, drift_factor) {
             Some(valid) => {
+                // `start + elapsed + valid` is `bound`: the validity counts from the start.
                 self.expires_at = start + elapsed + valid;
                 self.target.ttl = ttl;
                 Ok(())
@@ -135,7 +147,7 @@ impl Lock {
             None => Err(Error::NoValidity {
                 ttl,
                 elapsed,
-                drift: quorum::drift(ttl, self.shared.config.drift_factor),
+                drift: quorum::drift(ttl, drift_factor),
             }),
         }
     }

@@ -228,9 +228,9 @@ impl Settled {
 
 /// Sends `req` to every node at once, each call bounded by `timeout`, and returns as soon as
 /// the round is decided by `until`, with the calls still running. A node that still had a
-/// call running from the earlier round `after` gets this request only once that call ended
-/// (itself bounded by `timeout`), so its answer can take up to twice `timeout`; the round is
-/// still decided by the other nodes as soon as it can be.
+/// call running from the earlier round `after` gets this request only once that call ended;
+/// the same `timeout` bounds the wait and the call together, so no node's answer takes longer
+/// than `timeout` after the round started.
 pub(crate) async fn fan_out<N: Node>(
     nodes: &[N],
     req: &Request,
@@ -244,11 +244,18 @@ pub(crate) async fn fan_out<N: Node>(
         .map(|(index, node)| {
             let call = node.call(req);
             let gate = after.holds(index).then(|| after.clone());
+            // One timeout covers the wait for the earlier call and this call together, so a
+            // node costs a lock at most one `timeout` per round however many rounds it had:
+            // waits never chain from round to round. A call whose turn has not come by then
+            // is never sent (the node is skipped for this round).
             let call: Call = Box::pin(async move {
-                if let Some(gate) = gate {
-                    gate.wait().await;
-                }
-                let result = match tokio::time::timeout(timeout, call).await {
+                let gated = async move {
+                    if let Some(gate) = gate {
+                        gate.wait().await;
+                    }
+                    call.await
+                };
+                let result = match tokio::time::timeout(timeout, gated).await {
                     Ok(result) => result,
                     Err(_) => Err(NodeFailure::Timeout(timeout)),
                 };
@@ -647,6 +654,47 @@ mod tests {
         assert!(hung[1].started >= t0 + TIMEOUT, "{hung:?}");
         // The fast nodes were released at once.
         assert_eq!(nodes[0].seen()[1].started, t0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_node_costs_each_round_at_most_one_timeout() {
+        use Fake::*;
+        let nodes: Vec<_> = [Grant, Grant, Never]
+            .iter()
+            .map(|b| FakeNode::new(*b))
+            .collect();
+        let req = request();
+        let tasks = || {
+            tokio::runtime::Handle::current()
+                .metrics()
+                .num_alive_tasks()
+        };
+        let before = tasks();
+        // Rounds far more often than the node timeout, each decided at once by the two
+        // healthy nodes, each following the previous one's straggler on the hung node.
+        let mut settled = Settled::none();
+        let mut most_tasks = 0;
+        for _ in 0..40 {
+            let (tally, next) = fan_out(&nodes, &req, TIMEOUT, Until::Granted, &settled)
+                .await
+                .into_parts();
+            assert!(tally.reached());
+            settled = next;
+            most_tasks = most_tasks.max(tasks() - before);
+            tokio::time::sleep(5 * MS).await;
+        }
+        // The last round waits for every node: the hung one costs one timeout, not a chain of
+        // the waits of every earlier round.
+        let start = tokio::time::Instant::now();
+        let tally = fan_out(&nodes, &req, TIMEOUT, Until::All, &settled)
+            .await
+            .finish(&nodes, Op::Acquire)
+            .await;
+        assert!(start.elapsed() <= TIMEOUT, "took {:?}", start.elapsed());
+        assert_eq!(tally.errors.len(), 1);
+        // Straggler drains live one timeout each: their number stays bounded by the rounds
+        // that fit in one timeout, however long the lock lives.
+        assert!(most_tasks <= 12, "{most_tasks} tasks alive at once");
     }
 
     #[test]

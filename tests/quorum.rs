@@ -183,3 +183,48 @@ async fn a_single_node_is_its_own_majority() {
     );
     lock.release().await.expect("release");
 }
+
+#[tokio::test]
+async fn a_hung_minority_costs_a_long_using_scope_one_node_timeout() {
+    let servers = Servers::start(3);
+    // All defaults (node timeout 50 ms, threshold 500 ms): with a 550 ms TTL, extension
+    // rounds come every ~20 ms, far more often than the node timeout.
+    let redlock = redfence::Redlock::builder()
+        .nodes(servers.urls())
+        .build()
+        .expect("config");
+    support::warm_up(&redlock).await;
+    servers.pause(2);
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let (returned, routine_done, early, late) = {
+        let result = redlock
+            .using(&["long"], Duration::from_millis(550), |signal| async move {
+                tokio::time::sleep(Duration::from_millis(1_000)).await;
+                let early = tasks();
+                tokio::time::sleep(Duration::from_millis(2_000)).await;
+                let late = tasks();
+                signal.check()?;
+                Ok::<_, Error>((Instant::now(), early, late))
+            })
+            .await;
+        let (routine_done, early, late) = result.expect("held throughout");
+        (Instant::now(), routine_done, early, late)
+    };
+    let tail = returned - routine_done;
+    // About one node timeout (50 ms) for the final release; before the fix, every round's
+    // wait on the hung node chained onto the next and this took seconds.
+    assert!(
+        tail < Duration::from_millis(500),
+        "using() returned {tail:?} after its routine"
+    );
+    // Tasks do not pile up with the scope's age.
+    assert!(
+        late <= early + 5,
+        "{early} tasks alive after 1 s, {late} after 3 s"
+    );
+    servers.resume(2);
+}
