@@ -1,9 +1,11 @@
 //! `RedlockBuilder` and the validated `Config` it produces.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::address;
 use crate::events::{Event, EventHook};
 use crate::node::{Node, RedisNode};
 use crate::redlock::Redlock;
@@ -76,13 +78,29 @@ impl fmt::Debug for Config {
     }
 }
 
-/// A Redis master to lock on: a URL (`redis://host:port/db`, `rediss://…`) or a
-/// [`redis::Client`]. Anything that converts into it can be given to
-/// [`RedlockBuilder::node`].
-#[derive(Clone, Debug)]
+/// A Redis master to lock on: a URL (`redis://host:port/db`, `redis://user:password@host`,
+/// `redis+unix:///path/to/redis.sock`) or a [`redis::Client`]. Anything that converts into
+/// it can be given to [`RedlockBuilder::node`]. TLS (`rediss://`) is not supported yet:
+/// `build()` rejects it with [`InvalidInput::BadNodeUrl`].
+///
+/// Its `Debug` output, like every error that shows a URL, hides the password.
+#[derive(Clone)]
 pub struct NodeAddr(NodeRepr);
 
-#[derive(Clone, Debug)]
+impl fmt::Debug for NodeAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            NodeRepr::Url(url) => f
+                .debug_tuple("NodeAddr")
+                .field(&address::redact_url(url))
+                .finish(),
+            // redis-rs redacts the password itself.
+            NodeRepr::Client(client) => f.debug_tuple("NodeAddr").field(client).finish(),
+        }
+    }
+}
+
+#[derive(Clone)]
 enum NodeRepr {
     Url(String),
     Client(redis::Client),
@@ -241,9 +259,12 @@ impl RedlockBuilder {
         self
     }
 
-    /// The longest `using()` keeps one lock alive, counted from its acquisition; then the
-    /// signal aborts with [`Error::RenewalLimit`] and the lock expires on its own.
-    /// Defaults to no limit.
+    /// The longest `using()` keeps one lock alive, counted from the start of its winning
+    /// acquire round: no extension lets the keys live past it, and `using()` refuses a TTL
+    /// above it ([`InvalidInput::TtlAboveMaxHold`]). The signal aborts with
+    /// [`Error::RenewalLimit`] before `max_hold` has passed (when the last lease the bound
+    /// allows falls below the extension threshold: up to one TTL early), and the lock then
+    /// expires on its own. Defaults to no limit.
     pub fn max_hold(mut self, max: Duration) -> Self {
         self.config.max_hold = Some(max);
         self
@@ -293,6 +314,14 @@ impl RedlockBuilder {
     ///
     /// [`Error::InvalidInput`] when no node is given, a URL does not parse, two nodes point at
     /// the same server, or an option is out of range.
+    ///
+    /// Two nodes are the same server when their host names resolve to a common address and
+    /// port (names are resolved once, here, with the system resolver; a name that does not
+    /// resolve is compared as written), or when they name the same Unix socket: so
+    /// `redis://localhost:6379` and `redis://127.0.0.1:6379` are rejected, whatever their
+    /// database numbers. One server reached through two different addresses (its LAN address
+    /// and a public one, or through a proxy or a NAT) cannot be told apart here: keep the
+    /// node list free of such aliases.
     pub fn build(self) -> Result<Redlock, Error> {
         let config = self.config;
         validate(&config)?;
@@ -300,26 +329,29 @@ impl RedlockBuilder {
             return Err(InvalidInput::NoNodes.into());
         }
         let mut nodes: Vec<RedisNode> = Vec::with_capacity(self.nodes.len());
+        let mut seen: Vec<BTreeSet<String>> = Vec::with_capacity(self.nodes.len());
         for (index, addr) in self.nodes.into_iter().enumerate() {
             let client = match addr.0 {
                 NodeRepr::Client(client) => client,
                 NodeRepr::Url(url) => {
                     redis::Client::open(url.as_str()).map_err(|err| InvalidInput::BadNodeUrl {
                         index,
-                        url: url.clone(),
+                        url: address::redact_url(&url),
                         reason: err.to_string(),
                     })?
                 }
             };
-            let node = RedisNode::new(index, client, config.node_timeout);
-            if let Some(first) = nodes.iter().find(|n| n.identity() == node.identity()) {
+            let identities = address::identities(client.get_connection_info());
+            let node = RedisNode::new(client, config.node_timeout);
+            if let Some(first) = seen.iter().position(|s| !s.is_disjoint(&identities)) {
                 return Err(InvalidInput::DuplicateNode {
-                    first: first.index(),
+                    first,
                     second: index,
                     addr: node.addr().to_owned(),
                 }
                 .into());
             }
+            seen.push(identities);
             nodes.push(node);
         }
         Ok(Redlock::from_parts(config, nodes))
@@ -417,6 +449,45 @@ mod tests {
                 .node("redis://127.0.0.1:7001/1"),
         );
         assert!(matches!(e, InvalidInput::DuplicateNode { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn one_server_under_two_names_is_a_duplicate() {
+        let e = invalid(
+            RedlockBuilder::new()
+                .node("redis://127.0.0.1:7001")
+                .node("redis://localhost:7001/3"),
+        );
+        assert!(
+            matches!(
+                e,
+                InvalidInput::DuplicateNode {
+                    first: 0,
+                    second: 1,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn passwords_never_show() {
+        for url in [
+            "redis://:hunter2@127.0.0.1:99999999/0",
+            "rediss://app:hunter2@127.0.0.1:7001",
+        ] {
+            let e = invalid(RedlockBuilder::new().node(url));
+            assert!(matches!(e, InvalidInput::BadNodeUrl { .. }), "{e:?}");
+            let shown = format!("{e} {e:?} {:#}", Error::from(e.clone()));
+            assert!(!shown.contains("hunter2"), "{shown}");
+            assert!(shown.contains("<redacted>"), "{shown}");
+        }
+        let builder = RedlockBuilder::new()
+            .node("redis://app:hunter2@127.0.0.1:7001")
+            .node(redis::Client::open("redis://:hunter2@127.0.0.1:7002").expect("url"));
+        let shown = format!("{builder:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
     }
 
     #[test]

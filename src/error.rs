@@ -217,6 +217,17 @@ pub enum InvalidInput {
         /// The TTL's drift allowance, `ttl * drift_factor + 2 ms`.
         drift: Duration,
     },
+    /// The TTL given to `using()` is longer than the builder's `max_hold`: the first lease
+    /// alone would outlive the bound.
+    #[error(
+        "ttl {ttl:?} is longer than max_hold {max_hold:?}; a using() lock never lives past max_hold"
+    )]
+    TtlAboveMaxHold {
+        /// The TTL given.
+        ttl: Duration,
+        /// The builder's `max_hold`.
+        max_hold: Duration,
+    },
     /// The drift factor is NaN, infinite, negative or not below 1.
     #[error("drift factor {0} must be a finite number in [0, 1)")]
     BadDriftFactor(f64),

@@ -63,6 +63,7 @@
 #![warn(missing_debug_implementations, rust_2018_idioms)]
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
+mod address;
 mod builder;
 mod clock;
 mod error;

@@ -56,9 +56,7 @@ pub(crate) trait Node: Send + Sync {
 /// lock shares. The connection is made on first use, inside the caller's runtime.
 #[derive(Clone)]
 pub(crate) struct RedisNode {
-    index: usize,
     addr: String,
-    identity: String,
     shared: Arc<LazyConnection>,
 }
 
@@ -71,14 +69,11 @@ pub(crate) struct LazyConnection {
 }
 
 impl RedisNode {
-    pub(crate) fn new(index: usize, client: Client, node_timeout: Duration) -> Self {
+    pub(crate) fn new(client: Client, node_timeout: Duration) -> Self {
         let info = client.get_connection_info();
-        let identity = info.addr().to_string();
-        let addr = format!("{}/{}", identity, info.redis_settings().db());
+        let addr = format!("{}/{}", info.addr(), info.redis_settings().db());
         RedisNode {
-            index,
             addr,
-            identity,
             // Connecting is not on any lock's critical path (calls are bounded by
             // node_timeout); give it room so a slow handshake still completes.
             shared: Arc::new(LazyConnection::new(
@@ -86,15 +81,6 @@ impl RedisNode {
                 node_timeout.max(Duration::from_secs(1)),
             )),
         }
-    }
-
-    pub(crate) fn index(&self) -> usize {
-        self.index
-    }
-
-    /// Host and port: two nodes with the same identity are the same server.
-    pub(crate) fn identity(&self) -> &str {
-        &self.identity
     }
 }
 

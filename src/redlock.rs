@@ -203,8 +203,11 @@ impl Redlock {
             let Some(delay) = delays.next() else {
                 return Err(with_attempts(error, attempts));
             };
+            // A delay too long for an Instant certainly ends past the deadline.
             if let Some(deadline) = deadline
-                && clock::now() + delay >= deadline
+                && clock::now()
+                    .checked_add(delay)
+                    .is_none_or(|wake| wake >= deadline)
             {
                 return Err(Error::AcquireTimeout {
                     waited: started.elapsed(),

@@ -50,13 +50,15 @@ impl Backoff {
     fn delay(self, retry: u32, rng: &mut impl Rng) -> Duration {
         match self {
             Backoff::Fixed { delay, jitter } => {
-                let jitter_ns = saturating_nanos(jitter);
+                // In u128 nanoseconds, so that no sum or product saturates into a shorter
+                // delay: `delay ± jitter`, clamped to [0, the longest u64 of nanoseconds].
+                let jitter_ns = jitter.as_nanos();
                 if jitter_ns == 0 {
                     return delay;
                 }
                 let offset = rng.random_range(0..=jitter_ns.saturating_mul(2));
-                let base = saturating_nanos(delay).saturating_add(offset);
-                Duration::from_nanos(base.saturating_sub(jitter_ns))
+                let ns = (delay.as_nanos() + offset).saturating_sub(jitter_ns);
+                Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
             }
             Backoff::Exponential { base, max } => {
                 let factor = 1u32.checked_shl(retry.min(31)).unwrap_or(u32::MAX);
@@ -113,6 +115,23 @@ mod tests {
             jitter: Duration::ZERO,
         };
         assert!(b.delays().take(10).all(|d| d == 50 * MS));
+    }
+
+    #[test]
+    fn huge_values_never_collapse_into_short_delays() {
+        // Before: delay + offset saturated at u64::MAX nanoseconds, minus the jitter: 0 ms.
+        let b = Backoff::Fixed {
+            delay: Duration::MAX,
+            jitter: Duration::MAX,
+        };
+        let hour = Duration::from_secs(3_600);
+        let long = b.delays().take(200).filter(|d| *d > hour).count();
+        assert!(long > 150, "only {long} of 200 delays above an hour");
+        let b = Backoff::Fixed {
+            delay: Duration::MAX,
+            jitter: Duration::from_secs(1),
+        };
+        assert!(b.delays().take(50).all(|d| d > hour));
     }
 
     #[test]

@@ -72,10 +72,15 @@ impl Redlock {
     ///
     /// With [`max_extensions`](crate::RedlockBuilder::max_extensions) or
     /// [`max_hold`](crate::RedlockBuilder::max_hold) set, extension stops once the bound is
-    /// reached (an extension is made only if it keeps the lock within `max_hold` of its
-    /// acquisition), and the signal aborts with [`Error::RenewalLimit`] when the next extension
-    /// would have been needed: when the remaining validity falls below the threshold. If the
-    /// routine keeps going, the lock expires on its own; it is still released at the end.
+    /// reached, and the signal aborts with [`Error::RenewalLimit`] when the next extension
+    /// would have been needed: when the remaining validity falls below the threshold.
+    ///
+    /// `max_hold` is a hard bound on the keys' life: an extension is made only if it keeps
+    /// the lock within `max_hold` of its acquisition, and a `ttl` above `max_hold` is refused
+    /// ([`InvalidInput::TtlAboveMaxHold`]). So the signal aborts *before* `max_hold` has
+    /// passed — up to one `ttl` before it, with the threshold left on the last lease — and
+    /// never after. If the routine keeps going, the lock expires on its own by `max_hold`; it
+    /// is still released at the end.
     ///
     /// # Cancellation model
     ///
@@ -122,7 +127,8 @@ impl Redlock {
     ///
     /// - [`Error::InvalidInput`] for anything [`acquire`](Self::acquire) rejects, and for a
     ///   `ttl` not above `automatic_extension_threshold` plus its drift allowance
-    ///   ([`InvalidInput::TtlNotAboveThreshold`]); nothing is sent and the routine never runs.
+    ///   ([`InvalidInput::TtlNotAboveThreshold`]), or above `max_hold`
+    ///   ([`InvalidInput::TtlAboveMaxHold`]); nothing is sent and the routine never runs.
     /// - Any error of [`acquire`](Self::acquire) (`Contended`, `QuorumUnreachable`,
     ///   `AcquireTimeout`, `Fencing`, ...); the routine never runs.
     ///
@@ -493,6 +499,12 @@ impl Policy {
                 drift,
             });
         }
+        // A first lease longer than max_hold would outlive the bound before any extension.
+        if let Some(max_hold) = config.max_hold
+            && ttl > max_hold
+        {
+            return Err(InvalidInput::TtlAboveMaxHold { ttl, max_hold });
+        }
         Ok(Policy {
             ttl,
             threshold,
@@ -752,6 +764,23 @@ mod tests {
             );
         }
         assert!(Policy::new(&c, 508 * MS).is_ok());
+    }
+
+    #[test]
+    fn a_first_lease_longer_than_max_hold_is_refused() {
+        let c = Config {
+            max_hold: Some(200 * MS),
+            ..config(100 * MS)
+        };
+        let e = Policy::new(&c, Duration::from_secs(3)).expect_err("ttl above max_hold");
+        assert_eq!(
+            e,
+            InvalidInput::TtlAboveMaxHold {
+                ttl: Duration::from_secs(3),
+                max_hold: 200 * MS
+            }
+        );
+        assert!(Policy::new(&c, 200 * MS).is_ok());
     }
 
     #[test]

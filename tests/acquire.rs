@@ -222,6 +222,27 @@ async fn acquire_timeout_bounds_the_whole_call() {
 }
 
 #[tokio::test]
+async fn absurd_retry_delays_neither_panic_nor_collapse() {
+    let servers = Servers::start(3);
+    let redlock = servers
+        .builder()
+        .retry_delay(Duration::MAX)
+        .retry_jitter(Duration::MAX)
+        .acquire_timeout(Duration::from_millis(300))
+        .build()
+        .expect("config");
+    let held = redlock.acquire(&["r"], TTL).await.expect("acquire");
+    // The first retry's delay would end centuries after the deadline: give up at once,
+    // after one attempt, instead of panicking on the Instant or retrying in a tight loop.
+    let err = redlock.acquire(&["r"], TTL).await.expect_err("held");
+    assert!(
+        matches!(err, Error::AcquireTimeout { attempts, .. } if attempts <= 2),
+        "{err:?}"
+    );
+    held.release().await.expect("release");
+}
+
+#[tokio::test]
 async fn a_late_release_never_deletes_the_next_owners_lock() {
     let servers = Servers::start(5);
     let redlock = servers.redlock();

@@ -357,6 +357,47 @@ async fn max_hold_bounds_how_long_the_lock_lives() {
 }
 
 #[tokio::test]
+async fn the_signal_aborts_before_max_hold_and_a_longer_ttl_is_refused() {
+    let servers = Servers::start(3);
+    let max_hold = 1_500 * MS;
+    let redlock = servers
+        .builder()
+        .automatic_extension_threshold(300 * MS)
+        .max_hold(max_hold)
+        .build()
+        .expect("config");
+    // A first lease longer than max_hold: refused before any traffic, the routine never runs.
+    let ran = AtomicBool::new(false);
+    let err = redlock
+        .using(&["job"], Duration::from_secs(3), |_| async {
+            ran.store(true, Ordering::SeqCst);
+            Ok::<_, Error>(())
+        })
+        .await
+        .expect_err("ttl above max_hold");
+    assert!(
+        matches!(
+            err,
+            Error::InvalidInput(InvalidInput::TtlAboveMaxHold { .. })
+        ),
+        "{err:?}"
+    );
+    assert!(!ran.load(Ordering::SeqCst));
+    assert!(servers.keys(0).is_empty());
+    // Within the bound: the signal aborts before max_hold has passed, never after.
+    let started = Instant::now();
+    let aborted_after = redlock
+        .using(&["job"], Duration::from_secs(1), |signal| async move {
+            let (err, _) = abort_of(&signal).await;
+            assert!(matches!(err, Error::RenewalLimit { .. }), "{err:?}");
+            Ok::<_, Error>(started.elapsed())
+        })
+        .await
+        .expect("using");
+    assert!(aborted_after < max_hold, "aborted after {aborted_after:?}");
+}
+
+#[tokio::test]
 async fn a_panicking_routine_releases_the_lock_then_propagates() {
     let servers = Servers::start(5);
     let redlock = patient(&servers);

@@ -1,0 +1,97 @@
+//! Node addresses as people see them: credentials redacted from URLs, and which server a
+//! node really is (to catch one server configured twice).
+
+use std::collections::BTreeSet;
+use std::net::ToSocketAddrs;
+
+use redis::{ConnectionAddr, ConnectionInfo};
+
+/// `url` with the password of its user information replaced by `<redacted>`:
+/// `redis://app:hunter2@host:6379` becomes `redis://app:<redacted>@host:6379`. A user name
+/// alone (`redis://app@host`) is kept; text that is not a URL is returned unchanged.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end + 3..];
+    // The last `@` ends the user information, even when a (malformed) password has an `@`.
+    let Some(at) = rest.rfind('@') else {
+        return url.to_owned();
+    };
+    let userinfo = &rest[..at];
+    let Some(colon) = userinfo.find(':') else {
+        return url.to_owned();
+    };
+    format!(
+        "{}{}:<redacted>{}",
+        &url[..scheme_end + 3],
+        &userinfo[..colon],
+        &rest[at..]
+    )
+}
+
+/// The addresses a node's server answers at, for duplicate detection: every socket address
+/// its host name resolves to (resolved once, now), or the host name itself when it does not
+/// resolve; the canonical path of a Unix socket. Two nodes that share one are one server.
+pub(crate) fn identities(info: &ConnectionInfo) -> BTreeSet<String> {
+    match info.addr() {
+        ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+            let resolved: BTreeSet<String> = (host.as_str(), *port)
+                .to_socket_addrs()
+                .map(|addrs| addrs.map(|a| a.to_string()).collect())
+                .unwrap_or_default();
+            if resolved.is_empty() {
+                BTreeSet::from([format!("{}:{port}", host.to_ascii_lowercase())])
+            } else {
+                resolved
+            }
+        }
+        ConnectionAddr::Unix(path) => BTreeSet::from([std::fs::canonicalize(path)
+            .unwrap_or_else(|_| path.clone())
+            .display()
+            .to_string()]),
+        // A kind of address this version does not know: compare it as displayed.
+        other => BTreeSet::from([other.to_string()]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted_and_nothing_else() {
+        for (given, shown) in [
+            (
+                "redis://:hunter2@10.0.0.1:6379/0",
+                "redis://:<redacted>@10.0.0.1:6379/0",
+            ),
+            (
+                "redis://app:hunter2@host:6379",
+                "redis://app:<redacted>@host:6379",
+            ),
+            // A malformed password with an `@` in it is still hidden whole.
+            ("redis://app:hun@ter2@host", "redis://app:<redacted>@host"),
+            ("redis://app@host:6379", "redis://app@host:6379"),
+            ("redis://host:6379/2", "redis://host:6379/2"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(redact_url(given), shown);
+        }
+    }
+
+    #[test]
+    fn a_host_name_and_its_address_are_one_server() {
+        let info = |url: &str| {
+            redis::Client::open(url)
+                .expect("valid url")
+                .get_connection_info()
+                .clone()
+        };
+        let a = identities(&info("redis://127.0.0.1:7001"));
+        let b = identities(&info("redis://localhost:7001"));
+        assert!(!a.is_disjoint(&b), "{a:?} {b:?}");
+        let c = identities(&info("redis://127.0.0.1:7002"));
+        assert!(a.is_disjoint(&c));
+    }
+}
