@@ -11,6 +11,10 @@
 #   --force   rebuild even if the image already exists
 # Env:
 #   REDFENCE_REDIS_IMAGE   image tag to produce (default: redfence/redis:local)
+#   REDIS_SERVER           the redis-server binary to package (default: Debian's
+#                          /usr/bin/redis-server; e.g. a valkey-server works too)
+#   REDIS_CLI              the matching CLI (default: redis-cli beside it, or
+#                          Debian's /usr/bin/redis-cli)
 #
 # The image has no ENTRYPOINT and redis-server on PATH, so the compose command
 # `redis-server --port 6379 ...` works the same way as with the official
@@ -49,6 +53,13 @@ fi
 # --------------------------------------------------------------------------
 SERVER_BIN=/usr/bin/redis-server
 CLI_BIN=/usr/bin/redis-cli
+if [ -n "${REDIS_SERVER:-}" ]; then
+    SERVER_BIN="$(command -v "$REDIS_SERVER")" || die "REDIS_SERVER=$REDIS_SERVER is not an executable"
+    beside="$(dirname "$(readlink -f "$SERVER_BIN")")"
+    for cli in "${REDIS_CLI:-}" "$beside/redis-cli" "$beside/valkey-cli"; do
+        if [ -n "$cli" ] && [ -x "$cli" ]; then CLI_BIN="$cli"; break; fi
+    done
+fi
 
 install_redis_packages() {
     [ "$(id -u)" -eq 0 ] || die "redis-server/redis-cli missing and not root: run as root or 'apt-get install redis-server redis-tools' first"
@@ -79,7 +90,7 @@ install_redis_packages() {
     [ "$rc" -eq 0 ] || die "apt-get install redis-server redis-tools failed"
 }
 
-if [ ! -x "$SERVER_BIN" ] || [ ! -x "$CLI_BIN" ]; then
+if [ -z "${REDIS_SERVER:-}" ] && { [ ! -x "$SERVER_BIN" ] || [ ! -x "$CLI_BIN" ]; }; then
     install_redis_packages
 fi
 [ -x "$SERVER_BIN" ] || die "$SERVER_BIN still missing after install"
@@ -99,28 +110,34 @@ mkdir -p "$ROOTFS/usr/local/bin"
 install -m 0755 "$(readlink -f "$SERVER_BIN")" "$ROOTFS/usr/local/bin/redis-server"
 install -m 0755 "$(readlink -f "$CLI_BIN")" "$ROOTFS/usr/local/bin/redis-cli"
 
-# Shared libraries + dynamic loader, at the paths the binaries ask for.
+# Shared libraries + dynamic loader, at the paths the binaries ask for. Prints
+# each library it copied; fails (and so stops the build) on a missing one.
 copy_libs() {
     local bin="$1" lib
     # ldd lines: "libfoo.so.1 => /lib/x86_64-linux-gnu/libfoo.so.1 (0x...)"
     #            "/lib64/ld-linux-x86-64.so.2 (0x...)"
     #            "linux-vdso.so.1 (0x...)"   (virtual, skipped)
-    ldd "$bin" | awk '
+    local list
+    list="$(ldd "$bin" | awk '
         $2 == "=>" && $3 ~ /^\// { print $3; next }
         $2 == "=>" && $3 == "not" { print "MISSING:" $1; next }
         $1 ~ /^\// { print $1 }
-    ' | while read -r lib; do
+    ')" || { printf 'ldd failed on %s\n' "$bin" >&2; return 1; }
+    while read -r lib; do
+        [ -n "$lib" ] || continue
         case "$lib" in
-            MISSING:*) die "$bin: shared library ${lib#MISSING:} not found" ;;
+            MISSING:*) printf '%s: shared library %s not found\n' "$bin" "${lib#MISSING:}" >&2; return 1 ;;
         esac
         if [ ! -e "$ROOTFS$lib" ]; then
-            mkdir -p "$ROOTFS$(dirname "$lib")"
-            cp -L "$lib" "$ROOTFS$lib"
+            mkdir -p "$ROOTFS$(dirname "$lib")" || return 1
+            cp -L "$lib" "$ROOTFS$lib" || return 1
             printf '%s\n' "$lib"
         fi
-    done
+    done <<<"$list"
 }
-LIBS="$( { copy_libs "$SERVER_BIN"; copy_libs "$CLI_BIN"; } )"
+SERVER_LIBS="$(copy_libs "$SERVER_BIN")" || die "could not copy the libraries of $SERVER_BIN"
+CLI_LIBS="$(copy_libs "$CLI_BIN")" || die "could not copy the libraries of $CLI_BIN"
+LIBS="$(printf '%s\n%s\n' "$SERVER_LIBS" "$CLI_LIBS")"
 [ -e "$ROOTFS/lib64/ld-linux-x86-64.so.2" ] || ls "$ROOTFS"/lib*/ld-linux* >/dev/null 2>&1 \
     || die "dynamic loader not found in ldd output"
 

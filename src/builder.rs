@@ -5,83 +5,22 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio_util::task::TaskTracker;
+
 use crate::address;
+use crate::config::Config;
+use crate::error::ConfigError;
 use crate::events::{Event, EventHook};
+use crate::fence::FencingCounter;
+use crate::inner::Shared;
 use crate::node::{Node, RedisNode};
 use crate::redlock::Redlock;
 use crate::retry::Backoff;
-use crate::{Error, FencingCounter, InvalidInput};
-
-/// Default [`drift_factor`](RedlockBuilder::drift_factor): 1 % of the TTL.
-pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
-/// Default [`node_timeout`](RedlockBuilder::node_timeout): 50 ms.
-pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
-/// Default [`retry_count`](RedlockBuilder::retry_count): 10 retries after the first attempt.
-pub const DEFAULT_RETRY_COUNT: u32 = 10;
-/// Default [`automatic_extension_threshold`](RedlockBuilder::automatic_extension_threshold): 500 ms.
-pub const DEFAULT_EXTENSION_THRESHOLD: Duration = Duration::from_millis(500);
-/// Default [`fencing_timeout`](RedlockBuilder::fencing_timeout): 1 s.
-pub const DEFAULT_FENCING_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// The options of a [`Redlock`], validated once by [`RedlockBuilder::build`].
-#[derive(Clone)]
-pub(crate) struct Config {
-    pub(crate) drift_factor: f64,
-    pub(crate) node_timeout: Duration,
-    pub(crate) retry_count: u32,
-    pub(crate) backoff: Backoff,
-    pub(crate) acquire_timeout: Option<Duration>,
-    pub(crate) extension_threshold: Duration,
-    pub(crate) max_extensions: Option<u32>,
-    pub(crate) max_hold: Option<Duration>,
-    pub(crate) fencing: Option<Arc<dyn FencingCounter>>,
-    pub(crate) fencing_timeout: Duration,
-    pub(crate) key_prefix: String,
-    pub(crate) events: EventHook,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            drift_factor: DEFAULT_DRIFT_FACTOR,
-            node_timeout: DEFAULT_NODE_TIMEOUT,
-            retry_count: DEFAULT_RETRY_COUNT,
-            backoff: Backoff::DEFAULT,
-            acquire_timeout: None,
-            extension_threshold: DEFAULT_EXTENSION_THRESHOLD,
-            max_extensions: None,
-            max_hold: None,
-            fencing: None,
-            fencing_timeout: DEFAULT_FENCING_TIMEOUT,
-            key_prefix: String::new(),
-            events: EventHook::none(),
-        }
-    }
-}
-
-impl fmt::Debug for Config {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Config")
-            .field("drift_factor", &self.drift_factor)
-            .field("node_timeout", &self.node_timeout)
-            .field("retry_count", &self.retry_count)
-            .field("backoff", &self.backoff)
-            .field("acquire_timeout", &self.acquire_timeout)
-            .field("extension_threshold", &self.extension_threshold)
-            .field("max_extensions", &self.max_extensions)
-            .field("max_hold", &self.max_hold)
-            .field("fencing", &self.fencing.as_ref().map(|_| "<counter>"))
-            .field("fencing_timeout", &self.fencing_timeout)
-            .field("key_prefix", &self.key_prefix)
-            .field("events", &self.events)
-            .finish()
-    }
-}
 
 /// A Redis master to lock on: a URL (`redis://host:port/db`, `redis://user:password@host`,
 /// `redis+unix:///path/to/redis.sock`) or a [`redis::Client`]. Anything that converts into
 /// it can be given to [`RedlockBuilder::node`]. TLS (`rediss://`) is not supported yet:
-/// `build()` rejects it with [`InvalidInput::BadNodeUrl`].
+/// `build()` rejects it with [`ConfigError::BadNodeUrl`].
 ///
 /// Its `Debug` output, like every error that shows a URL, hides the password.
 #[derive(Clone)]
@@ -198,43 +137,36 @@ impl RedlockBuilder {
 
     /// How many times `acquire` retries after a failed first attempt (so it makes up to
     /// `retry_count + 1` attempts). [`try_acquire`](Redlock::try_acquire) never retries.
-    /// Defaults to 10.
+    /// Defaults to 10. Sets the retry count of the current [`backoff`](Self::backoff).
     pub fn retry_count(mut self, count: u32) -> Self {
-        self.config.retry_count = count;
+        self.config.backoff = self.config.backoff.retries(count);
         self
     }
 
-    /// The base delay between attempts of the fixed schedule (see [`Backoff::Fixed`]).
+    /// The base delay between attempts of the fixed schedule (see [`Backoff::fixed`]).
     /// Defaults to 200 ms. Replaces an exponential schedule set with [`backoff`](Self::backoff).
     pub fn retry_delay(mut self, delay: Duration) -> Self {
-        let jitter = match (self.config.backoff, Backoff::DEFAULT) {
-            (Backoff::Fixed { jitter, .. }, _) | (_, Backoff::Fixed { jitter, .. }) => jitter,
-            _ => Duration::ZERO,
-        };
-        self.config.backoff = Backoff::Fixed { delay, jitter };
+        self.config.backoff = self.config.backoff.with_delay(delay);
         self
     }
 
-    /// The largest random deviation from `retry_delay`, either way (see [`Backoff::Fixed`]).
+    /// The largest random deviation from `retry_delay`, either way (see [`Backoff::fixed`]).
     /// Defaults to 100 ms. Replaces an exponential schedule set with [`backoff`](Self::backoff).
     pub fn retry_jitter(mut self, jitter: Duration) -> Self {
-        let delay = match (self.config.backoff, Backoff::DEFAULT) {
-            (Backoff::Fixed { delay, .. }, _) | (_, Backoff::Fixed { delay, .. }) => delay,
-            _ => Duration::ZERO,
-        };
-        self.config.backoff = Backoff::Fixed { delay, jitter };
+        self.config.backoff = self.config.backoff.with_jitter(jitter);
         self
     }
 
-    /// The whole retry schedule, e.g. [`Backoff::exponential`] for exponential backoff with
-    /// full jitter. Defaults to [`Backoff::DEFAULT`] (200 ms ± 100 ms).
+    /// The whole retry schedule, its retry count included: e.g.
+    /// `Backoff::exponential(base, max).retries(5)` for exponential backoff with full jitter.
+    /// Defaults to [`Backoff::DEFAULT`] (10 retries, 200 ms ± 100 ms).
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.config.backoff = backoff;
         self
     }
 
     /// An overall deadline for `acquire` and `using`, retries included: no attempt starts
-    /// after it, and no retry waits past it; they then fail with [`Error::AcquireTimeout`].
+    /// after it, and no retry waits past it; they then fail with [`Error::AcquireTimeout`](crate::Error::AcquireTimeout).
     /// It is checked between attempts: an attempt under way when it passes runs to its end
     /// (bounded by `node_timeout` and `fencing_timeout`), and a lock it wins is returned.
     /// Defaults to none: `retry_count` bounds them.
@@ -253,7 +185,7 @@ impl RedlockBuilder {
     }
 
     /// The most extensions `using()` makes for one lock; then the signal aborts with
-    /// [`Error::RenewalLimit`] and the lock expires on its own. Defaults to no limit.
+    /// [`Error::RenewalLimit`](crate::Error::RenewalLimit) and the lock expires on its own. Defaults to no limit.
     pub fn max_extensions(mut self, max: u32) -> Self {
         self.config.max_extensions = Some(max);
         self
@@ -261,8 +193,8 @@ impl RedlockBuilder {
 
     /// The longest `using()` keeps one lock alive, counted from the start of its winning
     /// acquire round: no extension lets the keys live past it, and `using()` refuses a TTL
-    /// above it ([`InvalidInput::TtlAboveMaxHold`]). The signal aborts with
-    /// [`Error::RenewalLimit`] before `max_hold` has passed (when the last lease the bound
+    /// above it ([`InvalidInput::TtlAboveMaxHold`](crate::InvalidInput::TtlAboveMaxHold)). The signal aborts with
+    /// [`Error::RenewalLimit`](crate::Error::RenewalLimit) before `max_hold` has passed (when the last lease the bound
     /// allows falls below the extension threshold: up to one TTL early), and the lock then
     /// expires on its own. Defaults to no limit.
     pub fn max_hold(mut self, max: Duration) -> Self {
@@ -271,15 +203,10 @@ impl RedlockBuilder {
     }
 
     /// The counter that issues a fencing token for every acquisition (see [`FencingCounter`]).
-    /// Defaults to none: locks carry no fence.
+    /// A counter shared with other code can be given in an `Arc`. Defaults to none: locks
+    /// carry no fence.
     pub fn fencing(mut self, counter: impl FencingCounter + 'static) -> Self {
         self.config.fencing = Some(Arc::new(counter));
-        self
-    }
-
-    /// The same as [`fencing`](Self::fencing), for a counter already in an `Arc`.
-    pub fn fencing_arc(mut self, counter: Arc<dyn FencingCounter>) -> Self {
-        self.config.fencing = Some(counter);
         self
     }
 
@@ -312,8 +239,8 @@ impl RedlockBuilder {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] when no node is given, a URL does not parse, two nodes point at
-    /// the same server, or an option is out of range.
+    /// A [`ConfigError`] when no node is given, a URL does not parse, two nodes point at the
+    /// same server, or an option is out of range. It converts into [`Error::Config`](crate::Error::Config).
     ///
     /// Two nodes are the same server when their host names resolve to a common address and
     /// port (names are resolved once, here, with the system resolver; a name that does not
@@ -322,19 +249,20 @@ impl RedlockBuilder {
     /// database numbers. One server reached through two different addresses (its LAN address
     /// and a public one, or through a proxy or a NAT) cannot be told apart here: keep the
     /// node list free of such aliases.
-    pub fn build(self) -> Result<Redlock, Error> {
+    pub fn build(self) -> Result<Redlock, ConfigError> {
         let config = self.config;
-        validate(&config)?;
+        config.validate()?;
         if self.nodes.is_empty() {
-            return Err(InvalidInput::NoNodes.into());
+            return Err(ConfigError::NoNodes);
         }
-        let mut nodes: Vec<RedisNode> = Vec::with_capacity(self.nodes.len());
+        let tasks = TaskTracker::new();
+        let mut nodes: Vec<Arc<dyn Node>> = Vec::with_capacity(self.nodes.len());
         let mut seen: Vec<BTreeSet<String>> = Vec::with_capacity(self.nodes.len());
         for (index, addr) in self.nodes.into_iter().enumerate() {
             let client = match addr.0 {
                 NodeRepr::Client(client) => client,
                 NodeRepr::Url(url) => {
-                    redis::Client::open(url.as_str()).map_err(|err| InvalidInput::BadNodeUrl {
+                    redis::Client::open(url.as_str()).map_err(|err| ConfigError::BadNodeUrl {
                         index,
                         url: address::redact_url(&url),
                         reason: err.to_string(),
@@ -342,71 +270,46 @@ impl RedlockBuilder {
                 }
             };
             let identities = address::identities(client.get_connection_info());
-            let node = RedisNode::new(client, config.node_timeout);
+            let node = RedisNode::new(client, config.node_timeout, tasks.clone());
             if let Some(first) = seen.iter().position(|s| !s.is_disjoint(&identities)) {
-                return Err(InvalidInput::DuplicateNode {
+                return Err(ConfigError::DuplicateNode {
                     first,
                     second: index,
                     addr: node.addr().to_owned(),
-                }
-                .into());
+                });
             }
             seen.push(identities);
-            nodes.push(node);
+            nodes.push(Arc::new(node));
         }
-        Ok(Redlock::from_parts(config, nodes))
+        Ok(Redlock::from_shared(Shared::new(config, nodes, tasks)))
     }
-}
 
-fn validate(config: &Config) -> Result<(), InvalidInput> {
-    let f = config.drift_factor;
-    if !f.is_finite() || !(0.0..1.0).contains(&f) {
-        return Err(InvalidInput::BadDriftFactor(f));
+    /// Builds a `Redlock` over the given (fake) nodes instead of the configured URLs.
+    #[cfg(test)]
+    pub(crate) fn build_over(self, nodes: Vec<Arc<dyn Node>>) -> Result<Redlock, ConfigError> {
+        self.config.validate()?;
+        Ok(Redlock::from_shared(Shared::new(
+            self.config,
+            nodes,
+            TaskTracker::new(),
+        )))
     }
-    let positive = |option: &'static str, d: Duration| {
-        if d.is_zero() {
-            Err(InvalidInput::BadOption {
-                option,
-                reason: "must be greater than zero".into(),
-            })
-        } else {
-            Ok(())
-        }
-    };
-    positive("node_timeout", config.node_timeout)?;
-    positive("automatic_extension_threshold", config.extension_threshold)?;
-    positive("fencing_timeout", config.fencing_timeout)?;
-    if let Some(t) = config.acquire_timeout {
-        positive("acquire_timeout", t)?;
-    }
-    if let Some(t) = config.max_hold {
-        positive("max_hold", t)?;
-    }
-    if let Backoff::Exponential { base, max } = config.backoff
-        && base > max
-    {
-        return Err(InvalidInput::BadOption {
-            option: "backoff",
-            reason: format!("the base delay {base:?} exceeds the maximum {max:?}"),
-        });
-    }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn invalid(b: RedlockBuilder) -> InvalidInput {
+    fn invalid(b: RedlockBuilder) -> ConfigError {
         match b.build() {
-            Err(Error::InvalidInput(e)) => e,
-            other => panic!("expected InvalidInput, got {other:?}"),
+            Err(e) => e,
+            Ok(r) => panic!("expected a ConfigError, got {r:?}"),
         }
     }
 
     #[test]
     fn no_nodes() {
-        assert_eq!(invalid(RedlockBuilder::new()), InvalidInput::NoNodes);
+        assert_eq!(invalid(RedlockBuilder::new()), ConfigError::NoNodes);
     }
 
     #[test]
@@ -417,7 +320,7 @@ mod tests {
                 .node("not a url"),
         );
         assert!(
-            matches!(e, InvalidInput::BadNodeUrl { index: 1, .. }),
+            matches!(e, ConfigError::BadNodeUrl { index: 1, .. }),
             "{e:?}"
         );
         assert!(e.to_string().contains("not a url"));
@@ -434,7 +337,7 @@ mod tests {
         assert!(
             matches!(
                 e,
-                InvalidInput::DuplicateNode {
+                ConfigError::DuplicateNode {
                     first: 0,
                     second: 2,
                     ..
@@ -448,7 +351,7 @@ mod tests {
                 .node("redis://127.0.0.1:7001/0")
                 .node("redis://127.0.0.1:7001/1"),
         );
-        assert!(matches!(e, InvalidInput::DuplicateNode { .. }), "{e:?}");
+        assert!(matches!(e, ConfigError::DuplicateNode { .. }), "{e:?}");
     }
 
     #[test]
@@ -461,7 +364,7 @@ mod tests {
         assert!(
             matches!(
                 e,
-                InvalidInput::DuplicateNode {
+                ConfigError::DuplicateNode {
                     first: 0,
                     second: 1,
                     ..
@@ -478,8 +381,8 @@ mod tests {
             "rediss://app:hunter2@127.0.0.1:7001",
         ] {
             let e = invalid(RedlockBuilder::new().node(url));
-            assert!(matches!(e, InvalidInput::BadNodeUrl { .. }), "{e:?}");
-            let shown = format!("{e} {e:?} {:#}", Error::from(e.clone()));
+            assert!(matches!(e, ConfigError::BadNodeUrl { .. }), "{e:?}");
+            let shown = format!("{e} {e:?} {}", crate::Error::from(e.clone()));
             assert!(!shown.contains("hunter2"), "{shown}");
             assert!(shown.contains("<redacted>"), "{shown}");
         }
@@ -498,7 +401,7 @@ mod tests {
                     .node("redis://127.0.0.1:1")
                     .drift_factor(f),
             );
-            assert!(matches!(e, InvalidInput::BadDriftFactor(_)), "{f}: {e:?}");
+            assert!(matches!(e, ConfigError::BadDriftFactor(_)), "{f}: {e:?}");
         }
     }
 
@@ -516,7 +419,7 @@ mod tests {
         ] {
             let e = invalid(b);
             assert!(
-                matches!(e, InvalidInput::BadOption { option, .. } if option == name),
+                matches!(e, ConfigError::BadOption { option, .. } if option == name),
                 "{e:?}"
             );
         }
@@ -532,16 +435,14 @@ mod tests {
     }
 
     #[test]
-    fn retry_delay_and_jitter_compose() {
+    fn retry_delay_and_jitter_compose_with_the_retry_count() {
         let b = RedlockBuilder::new()
+            .retry_count(3)
             .retry_delay(Duration::from_millis(30))
             .retry_jitter(Duration::from_millis(5));
         assert_eq!(
             b.config.backoff,
-            Backoff::Fixed {
-                delay: Duration::from_millis(30),
-                jitter: Duration::from_millis(5)
-            }
+            Backoff::fixed(Duration::from_millis(30), Duration::from_millis(5)).retries(3)
         );
     }
 }

@@ -1,6 +1,6 @@
-//! The one clock every validity is measured on.
+//! The one clock every validity and deadline is measured on.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Now, on the monotonic clock as Tokio sees it, as a std [`Instant`].
 ///
@@ -8,4 +8,10 @@ use std::time::Instant;
 /// follows the paused clock, so that validities, timers and the signal's decisions agree.
 pub(crate) fn now() -> Instant {
     tokio::time::Instant::now().into_std()
+}
+
+/// How long ago `since` was, on the same clock as [`now`]. Use it instead of
+/// `Instant::elapsed`, which reads the real clock even under a paused Tokio clock.
+pub(crate) fn since(since: Instant) -> Duration {
+    now().saturating_duration_since(since)
 }

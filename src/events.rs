@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::Error;
+use crate::error::Error;
 
 /// Something that happened in the background, handed to the hook set with
 /// [`RedlockBuilder::on_event`](crate::RedlockBuilder::on_event).
@@ -87,7 +87,12 @@ impl EventHook {
                 tracing::warn!(?resources, %error, "lock release failed; keys will expire on their own")
             }
         }
-        crate::metrics::event(&event);
+        match &event {
+            Event::Extended { .. } => crate::metrics::extension(true),
+            Event::ExtensionFailed { .. } => crate::metrics::extension(false),
+            Event::Aborted { error, .. } => crate::metrics::lock_lost(error),
+            Event::ReleaseFailed { .. } => crate::metrics::release_failed(),
+        }
         if let Some(hook) = &self.0 {
             // A panicking hook must not take the extension task (and the lock) down with it.
             let call = std::panic::AssertUnwindSafe(|| hook(&event));

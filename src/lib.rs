@@ -60,15 +60,20 @@
 //! ([`FencingCounter`]) and have the storage reject stale tokens.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
-#![warn(missing_debug_implementations, rust_2018_idioms)]
+#![warn(missing_debug_implementations, rust_2018_idioms, unreachable_pub)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![doc(test(attr(deny(warnings), allow(dead_code, unused_variables))))]
 
+mod acquisition;
 mod address;
 mod builder;
 mod clock;
+mod config;
 mod error;
 mod events;
 pub mod fence;
+mod guard;
+mod inner;
 mod lock;
 mod metrics;
 mod node;
@@ -77,19 +82,18 @@ mod redlock;
 mod retry;
 mod using;
 
-pub use builder::{
-    DEFAULT_DRIFT_FACTOR, DEFAULT_EXTENSION_THRESHOLD, DEFAULT_FENCING_TIMEOUT,
-    DEFAULT_NODE_TIMEOUT, DEFAULT_RETRY_COUNT, NodeAddr, RedlockBuilder,
-};
+pub use builder::{NodeAddr, RedlockBuilder};
 pub use error::{
-    BoxError, Error, FencingError, InvalidInput, LossReason, NodeError, NodeFailure, RenewalLimit,
+    BoxError, ConfigError, Error, FencingError, InvalidInput, LossReason, NodeError, NodeFailure,
+    RenewalLimit,
 };
 pub use events::Event;
 #[cfg(feature = "postgres")]
-pub use fence::postgres::{PostgresCounter, StaleFence};
+pub use fence::PostgresCounter;
 pub use fence::{FencingCounter, MemoryCounter, RedisCounter};
+pub use inner::{MAX_RESOURCES, MAX_TTL};
 pub use lock::Lock;
-pub use redlock::{MAX_RESOURCES, MAX_TTL, Redlock};
+pub use redlock::Redlock;
 pub use retry::Backoff;
 pub use using::Signal;
 

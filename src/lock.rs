@@ -1,15 +1,15 @@
 //! `Lock`: a held lock, to extend and release.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::acquisition::Acquired;
 use crate::clock;
 use crate::error::{Error, LossReason};
-use crate::events::Event;
+use crate::guard::DropGuard;
+use crate::inner::{Held, validate_ttl};
 use crate::node::Op;
-use crate::quorum::{self, Settled, Until};
-use crate::redlock::{Shared, Target, validate_ttl};
+use crate::quorum::{self, Until};
 
 /// A lock held on a majority of nodes, until [`expires_at`](Lock::expires_at).
 ///
@@ -22,44 +22,29 @@ use crate::redlock::{Shared, Target, validate_ttl};
 /// write to storage that checks it.
 #[must_use = "a lock is released as soon as it is dropped"]
 pub struct Lock {
-    shared: Arc<Shared>,
-    target: Target,
-    token: Arc<str>,
+    /// Released in the background when dropped before `release` has finished.
+    held: DropGuard<Held>,
     expires_at: Instant,
     fence: Option<u64>,
-    /// The calls of the last round still running: the next round follows them.
-    settled: Settled,
-    released: bool,
 }
 
 impl Lock {
-    pub(crate) fn new(
-        shared: Arc<Shared>,
-        target: Target,
-        token: Arc<str>,
-        expires_at: Instant,
-        fence: Option<u64>,
-        settled: Settled,
-    ) -> Self {
+    pub(crate) fn new(acquired: Acquired) -> Self {
         Lock {
-            shared,
-            target,
-            token,
-            expires_at,
-            fence,
-            settled,
-            released: false,
+            held: DropGuard::new(acquired.held, Held::release_in_background),
+            expires_at: acquired.expires_at,
+            fence: acquired.fence,
         }
     }
 
     /// The resources this lock holds, as given (without the key prefix).
     pub fn resources(&self) -> &[String] {
-        &self.target.resources
+        &self.held.target.resources
     }
 
     /// The owner token: 128 random bits as 32 hex digits, the value stored at every key.
     pub fn token(&self) -> &str {
-        &self.token
+        &self.held.token
     }
 
     /// The fencing token issued for this acquisition, if a counter is configured. Send it with
@@ -71,7 +56,7 @@ impl Lock {
 
     /// The TTL the lock was acquired or last extended with.
     pub fn ttl(&self) -> Duration {
-        self.target.ttl
+        self.held.target.ttl
     }
 
     /// The instant, on this process's monotonic clock, when the lock's validity ends: the
@@ -108,7 +93,7 @@ impl Lock {
     /// - [`Error::QuorumUnreachable`] when too many nodes failed to confirm it.
     /// - [`Error::NoValidity`] when the majority answered too late.
     pub async fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
-        let drift_factor = self.shared.config.drift_factor;
+        let drift_factor = self.held.shared.config.drift_factor;
         let ttl = validate_ttl(ttl, drift_factor)?;
         if self.is_expired() {
             return Err(self.lost(LossReason::Expired));
@@ -120,28 +105,18 @@ impl Lock {
         // than that (never more than it had).
         let bound = start + ttl.saturating_sub(quorum::drift(ttl, drift_factor));
         self.expires_at = self.expires_at.min(bound);
-        let round = self
-            .shared
-            .round(
-                Op::Extend,
-                &self.target.keys,
-                &self.token,
-                ttl,
-                Until::Granted,
-                &self.settled,
-            )
-            .await;
-        let elapsed = start.elapsed();
-        let (tally, settled) = round.into_parts();
-        self.settled = settled;
+        let round = self.held.round(Op::Extend, ttl, Until::Granted).await;
+        let elapsed = clock::since(start);
+        let (tally, settled) = round.into_parts(&self.held.shared.tasks);
+        self.held.settled = settled;
         if !tally.reached() {
-            return Err(tally.extend_error(&self.target.resources));
+            return Err(tally.extend_error(&self.held.target.resources));
         }
         match quorum::validity(ttl, elapsed, drift_factor) {
             Some(valid) => {
                 // `start + elapsed + valid` is `bound`: the validity counts from the start.
                 self.expires_at = start + elapsed + valid;
-                self.target.ttl = ttl;
+                self.held.target.ttl = ttl;
                 Ok(())
             }
             None => Err(Error::NoValidity {
@@ -173,20 +148,11 @@ impl Lock {
     }
 
     async fn release_until(mut self, until: Until) -> Result<(), Error> {
-        let round = self
-            .shared
-            .round(
-                Op::Release,
-                &self.target.keys,
-                &self.token,
-                self.target.ttl,
-                until,
-                &self.settled,
-            )
-            .await;
-        let (tally, _) = round.into_parts();
-        // Only now: a release dropped half-way still releases in the background (on drop).
-        self.released = true;
+        let ttl = self.held.target.ttl;
+        let round = self.held.round(Op::Release, ttl, until).await;
+        let (tally, _) = round.into_parts(&self.held.shared.tasks);
+        // Only now: a release dropped half-way still releases in the background.
+        self.held.disarm();
         if tally.answered() >= tally.quorum() {
             Ok(())
         } else {
@@ -196,48 +162,17 @@ impl Lock {
 
     fn lost(&self, reason: LossReason) -> Error {
         Error::LockLost {
-            resources: self.target.resources.to_vec(),
+            resources: self.held.target.resources.to_vec(),
             reason,
         }
-    }
-}
-
-impl Drop for Lock {
-    fn drop(&mut self) {
-        if self.released {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::debug!(resources = ?self.target.resources, "lock dropped outside a runtime; it will expire on its own");
-            return;
-        };
-        let shared = Arc::clone(&self.shared);
-        let keys = Arc::clone(&self.target.keys);
-        let resources = Arc::clone(&self.target.resources);
-        let token = Arc::clone(&self.token);
-        let ttl = self.target.ttl;
-        let settled = self.settled.clone();
-        runtime.spawn(async move {
-            let tally = shared
-                .round(Op::Release, &keys, &token, ttl, Until::All, &settled)
-                .await
-                .finish(&shared.nodes, Op::Release)
-                .await;
-            if tally.answered() < tally.quorum() {
-                shared.config.events.emit(Event::ReleaseFailed {
-                    resources: resources.to_vec(),
-                    error: tally.unreachable(),
-                });
-            }
-        });
     }
 }
 
 impl fmt::Debug for Lock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lock")
-            .field("resources", &self.target.resources)
-            .field("token", &self.token)
+            .field("resources", &self.held.target.resources)
+            .field("token", &self.held.token)
             .field("fence", &self.fence)
             .field("remaining", &self.remaining())
             .finish()

@@ -12,11 +12,11 @@
 
 use std::time::Duration;
 
-use crate::{Error, Event, Lock};
+use crate::error::{Error, LossReason};
 
 /// Records the outcome of one `acquire`, `try_acquire` or `using` acquisition.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn acquisition(result: &Result<Lock, Error>, took: Duration) {
+pub(crate) fn acquisition(result: Result<(), &Error>, took: Duration) {
     #[cfg(feature = "metrics")]
     {
         let result = match result {
@@ -27,6 +27,7 @@ pub(crate) fn acquisition(result: &Result<Lock, Error>, took: Duration) {
             Err(Error::AcquireTimeout { .. }) => "timeout",
             Err(Error::Fencing(_)) => "fencing",
             Err(Error::InvalidInput(_)) => "invalid",
+            Err(Error::Closed) => "closed",
             Err(_) => "other",
         };
         metrics::counter!("redfence_acquire_total", "result" => result).increment(1);
@@ -35,34 +36,39 @@ pub(crate) fn acquisition(result: &Result<Lock, Error>, took: Duration) {
     }
 }
 
-/// Records a background event.
+/// Records one `using()` extension round.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn event(event: &Event) {
+pub(crate) fn extension(succeeded: bool) {
     #[cfg(feature = "metrics")]
-    match event {
-        Event::Extended { .. } => {
-            metrics::counter!("redfence_extension_total", "result" => "extended").increment(1)
-        }
-        Event::ExtensionFailed { .. } => {
-            metrics::counter!("redfence_extension_total", "result" => "failed").increment(1)
-        }
-        Event::Aborted { error, .. } => {
-            let reason = match error {
-                Error::RenewalLimit { .. } => "renewal_limit",
-                Error::LockLost { reason, .. } => match reason {
-                    crate::LossReason::Expired => "expired",
-                    crate::LossReason::NotHeld { .. } => "not_held",
-                    crate::LossReason::Unconfirmed { .. } => "unconfirmed",
-                    _ => "other",
-                },
-                _ => "other",
-            };
-            metrics::counter!("redfence_lock_lost_total", "reason" => reason).increment(1)
-        }
-        Event::ReleaseFailed { .. } => {
-            metrics::counter!("redfence_release_failed_total").increment(1)
-        }
+    {
+        let result = if succeeded { "extended" } else { "failed" };
+        metrics::counter!("redfence_extension_total", "result" => result).increment(1);
     }
+}
+
+/// Records an aborted `using()` signal.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn lock_lost(error: &Error) {
+    #[cfg(feature = "metrics")]
+    {
+        let reason = match error {
+            Error::RenewalLimit { .. } => "renewal_limit",
+            Error::LockLost { reason, .. } => match reason {
+                LossReason::Expired => "expired",
+                LossReason::NotHeld { .. } => "not_held",
+                LossReason::Unconfirmed { .. } => "unconfirmed",
+                _ => "other",
+            },
+            _ => "other",
+        };
+        metrics::counter!("redfence_lock_lost_total", "reason" => reason).increment(1);
+    }
+}
+
+/// Records a background release that reached no majority.
+pub(crate) fn release_failed() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("redfence_release_failed_total").increment(1);
 }
 
 #[cfg(all(test, feature = "metrics"))]
@@ -75,19 +81,15 @@ mod tests {
         let recorder = DebuggingRecorder::new();
         let snapshotter = recorder.snapshotter();
         metrics::with_local_recorder(&recorder, || {
-            let contended = Err(Error::Contended {
+            let contended: Result<(), Error> = Err(Error::Contended {
                 resources: vec!["invoice:4821".into()],
                 denied: 3,
                 nodes: 5,
                 attempts: 1,
             });
-            acquisition(&contended, Duration::from_millis(3));
-            acquisition(&contended, Duration::from_millis(4));
-            event(&Event::Extended {
-                resources: vec!["invoice:4821".into()],
-                extensions: 1,
-                validity: Duration::from_secs(1),
-            });
+            acquisition(contended.as_ref().map(|_| ()), Duration::from_millis(3));
+            acquisition(contended.as_ref().map(|_| ()), Duration::from_millis(4));
+            extension(true);
         });
         let snapshot = snapshotter.snapshot().into_vec();
         let find = |name: &str| {

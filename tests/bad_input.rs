@@ -4,7 +4,7 @@ mod support;
 
 use std::time::Duration;
 
-use redfence::{Error, InvalidInput, MAX_TTL, Redlock};
+use redfence::{ConfigError, Error, InvalidInput, MAX_TTL, Redlock};
 use support::Servers;
 
 const TTL: Duration = Duration::from_secs(5);
@@ -90,13 +90,12 @@ async fn a_bad_extend_ttl_is_rejected_and_keeps_the_lock() {
 
 #[test]
 fn a_drift_factor_that_leaves_no_ttl_is_rejected_at_build() {
-    let e = invalid(
-        Redlock::builder()
-            .node("redis://127.0.0.1:1")
-            .drift_factor(f64::NAN)
-            .build(),
-    );
-    assert!(matches!(e, InvalidInput::BadDriftFactor(_)), "{e:?}");
+    let e = Redlock::builder()
+        .node("redis://127.0.0.1:1")
+        .drift_factor(f64::NAN)
+        .build()
+        .expect_err("NaN drift");
+    assert!(matches!(e, ConfigError::BadDriftFactor(_)), "{e:?}");
     assert!(e.to_string().contains("drift factor"));
 }
 
@@ -115,11 +114,10 @@ async fn the_ttl_must_exceed_the_drift_of_the_configured_factor() {
 
 #[test]
 fn errors_say_what_was_wrong() {
-    let e = invalid(
-        Redlock::builder()
-            .nodes(["redis://127.0.0.1:7001", "http://nope"])
-            .build(),
-    );
+    let e = Redlock::builder()
+        .nodes(["redis://127.0.0.1:7001", "http://nope"])
+        .build()
+        .expect_err("not a Redis URL");
     let msg = e.to_string();
     assert!(msg.contains("#1") && msg.contains("http://nope"), "{msg}");
 }

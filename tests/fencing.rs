@@ -1088,7 +1088,7 @@ mod pg {
         // Through a lock: fail closed, nothing left locked.
         let redlock = servers
             .builder()
-            .fencing_arc(counter.clone())
+            .fencing(counter.clone())
             .fencing_timeout(Duration::from_millis(200))
             .build()
             .expect("config");

@@ -141,7 +141,7 @@ fn worker(urls: Vec<String>, counter: Arc<dyn FencingCounter>, shared: Arc<Share
     runtime.block_on(async move {
         let redlock = Redlock::builder()
             .nodes(urls)
-            .fencing_arc(counter)
+            .fencing(counter)
             .automatic_extension_threshold(THRESHOLD)
             .retry_count(u32::MAX)
             .retry_delay(Duration::from_millis(20))

@@ -139,6 +139,17 @@ pub trait FencingCounter: Send + Sync {
     }
 }
 
+/// A counter shared with other code: `builder.fencing(Arc::clone(&counter))`.
+impl<T: FencingCounter + ?Sized> FencingCounter for std::sync::Arc<T> {
+    fn next_fence<'a>(&'a self, resources: &'a [String]) -> BoxFuture<'a, Result<u64, BoxError>> {
+        (**self).next_fence(resources)
+    }
+
+    fn check_resource(&self, resource: &str) -> Result<(), String> {
+        (**self).check_resource(resource)
+    }
+}
+
 /// An in-process counter, for tests and single-process use.
 ///
 /// **Not durable**: tokens start again from 1 when the process restarts, so two processes, or

@@ -1,56 +1,23 @@
 //! One Redis master: a lazy, shared, auto-reconnecting connection and the three lock scripts.
 
-use std::future::Future;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Script};
 use tokio::sync::OnceCell;
+use tokio_util::task::TaskTracker;
 
+use super::{Node, Op, Request};
 use crate::error::NodeFailure;
 
 static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/acquire.lua")));
-static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/extend.lua")));
+    LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
+static EXTEND: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/extend.lua")));
 static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
-
-/// Which script a request runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Op {
-    /// Set every key to the token if none of them exists (all-or-nothing).
-    Acquire,
-    /// Re-arm the expiry of every key if all still hold the token.
-    Extend,
-    /// Delete every key that still holds the token.
-    Release,
-}
-
-/// One request, sent unchanged to every node.
-#[derive(Clone, Debug)]
-pub(crate) struct Request {
-    pub(crate) op: Op,
-    pub(crate) keys: Arc<[String]>,
-    pub(crate) token: Arc<str>,
-    /// The TTL in milliseconds (unused by `Release`).
-    pub(crate) ttl_ms: u64,
-}
-
-/// A lock server as the quorum logic sees it. Real nodes are [`RedisNode`]s; unit tests use
-/// fakes that grant, deny, fail, are slow, or never answer.
-pub(crate) trait Node: Send + Sync {
-    /// Runs the request's script. The reply is the script's integer: for `Acquire` and
-    /// `Extend` a positive number means granted and 0 means refused; for `Release` the number
-    /// of keys deleted. The future owns what it needs, so it can outlive the call.
-    fn call(
-        &self,
-        req: &Request,
-    ) -> impl Future<Output = Result<i64, NodeFailure>> + Send + 'static;
-
-    /// The node's address, for error messages.
-    fn addr(&self) -> &str;
-}
+    LazyLock::new(|| Script::new(include_str!("../scripts/release.lua")));
 
 /// A Redis master reached through one multiplexed, auto-reconnecting connection that every
 /// lock shares. The connection is made on first use, inside the caller's runtime.
@@ -66,20 +33,22 @@ pub(crate) struct LazyConnection {
     client: Client,
     conn: OnceCell<ConnectionManager>,
     connect_timeout: Duration,
+    /// Where the background connect runs, so that `Redlock::close` can wait for it.
+    tasks: TaskTracker,
 }
 
 impl RedisNode {
-    pub(crate) fn new(client: Client, node_timeout: Duration) -> Self {
+    pub(crate) fn new(client: Client, node_timeout: Duration, tasks: TaskTracker) -> Self {
         let info = client.get_connection_info();
         let addr = format!("{}/{}", info.addr(), info.redis_settings().db());
         RedisNode {
             addr,
             // Connecting is not on any lock's critical path (calls are bounded by
             // node_timeout); give it room so a slow handshake still completes.
-            shared: Arc::new(LazyConnection::new(
-                client,
-                node_timeout.max(Duration::from_secs(1)),
-            )),
+            shared: Arc::new(
+                LazyConnection::new(client, node_timeout.max(Duration::from_secs(1)))
+                    .tracked_by(tasks),
+            ),
         }
     }
 }
@@ -92,7 +61,13 @@ impl LazyConnection {
             client,
             conn: OnceCell::new(),
             connect_timeout,
+            tasks: TaskTracker::new(),
         }
+    }
+
+    /// The same, with its background connect tracked by `tasks`.
+    pub(crate) fn tracked_by(self, tasks: TaskTracker) -> Self {
+        LazyConnection { tasks, ..self }
     }
 
     /// The same, connecting within `connect_timeout` (before first use only).
@@ -125,8 +100,11 @@ impl LazyConnection {
                 // gives up after node_timeout: a handshake slower than that would never
                 // finish. Drive it in the background instead (reconnects already are).
                 let mut driver = manager.clone();
-                tokio::spawn(async move {
-                    let _ = redis::cmd("PING").query_async::<()>(&mut driver).await;
+                let limit = self.connect_timeout;
+                self.tasks.spawn(async move {
+                    let ping =
+                        async move { redis::cmd("PING").query_async::<()>(&mut driver).await };
+                    let _ = tokio::time::timeout(limit, ping).await;
                 });
                 Ok::<_, redis::RedisError>(manager)
             })
@@ -136,13 +114,10 @@ impl LazyConnection {
 }
 
 impl Node for RedisNode {
-    fn call(
-        &self,
-        req: &Request,
-    ) -> impl Future<Output = Result<i64, NodeFailure>> + Send + 'static {
+    fn call(&self, req: &Request) -> BoxFuture<'static, Result<i64, NodeFailure>> {
         let shared = Arc::clone(&self.shared);
         let req = req.clone();
-        async move {
+        Box::pin(async move {
             let mut conn = shared.connection().await?;
             let script: &Script = match req.op {
                 Op::Acquire => &ACQUIRE,
@@ -167,7 +142,7 @@ impl Node for RedisNode {
                 }
                 Err(err) => Err(err.into()),
             }
-        }
+        })
     }
 
     fn addr(&self) -> &str {

@@ -1,0 +1,108 @@
+//! The validated options of a `Redlock`, with their defaults.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::ConfigError;
+use crate::events::EventHook;
+use crate::fence::FencingCounter;
+use crate::retry::Backoff;
+
+/// Default [`drift_factor`](crate::RedlockBuilder::drift_factor): 1 % of the TTL.
+const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
+/// Default [`node_timeout`](crate::RedlockBuilder::node_timeout): 50 ms.
+const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
+/// Default [`automatic_extension_threshold`](crate::RedlockBuilder::automatic_extension_threshold): 500 ms.
+const DEFAULT_EXTENSION_THRESHOLD: Duration = Duration::from_millis(500);
+/// Default [`fencing_timeout`](crate::RedlockBuilder::fencing_timeout): 1 s.
+const DEFAULT_FENCING_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The options of a [`Redlock`], validated once by [`RedlockBuilder::build`].
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) drift_factor: f64,
+    pub(crate) node_timeout: Duration,
+    pub(crate) backoff: Backoff,
+    pub(crate) acquire_timeout: Option<Duration>,
+    pub(crate) extension_threshold: Duration,
+    pub(crate) max_extensions: Option<u32>,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) fencing: Option<Arc<dyn FencingCounter>>,
+    pub(crate) fencing_timeout: Duration,
+    pub(crate) key_prefix: String,
+    pub(crate) events: EventHook,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            drift_factor: DEFAULT_DRIFT_FACTOR,
+            node_timeout: DEFAULT_NODE_TIMEOUT,
+            backoff: Backoff::DEFAULT,
+            acquire_timeout: None,
+            extension_threshold: DEFAULT_EXTENSION_THRESHOLD,
+            max_extensions: None,
+            max_hold: None,
+            fencing: None,
+            fencing_timeout: DEFAULT_FENCING_TIMEOUT,
+            key_prefix: String::new(),
+            events: EventHook::none(),
+        }
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("drift_factor", &self.drift_factor)
+            .field("node_timeout", &self.node_timeout)
+            .field("backoff", &self.backoff)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("extension_threshold", &self.extension_threshold)
+            .field("max_extensions", &self.max_extensions)
+            .field("max_hold", &self.max_hold)
+            .field("fencing", &self.fencing.as_ref().map(|_| "<counter>"))
+            .field("fencing_timeout", &self.fencing_timeout)
+            .field("key_prefix", &self.key_prefix)
+            .field("events", &self.events)
+            .finish()
+    }
+}
+
+impl Config {
+    /// Checks every option; the first bad one is the error.
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        let config = self;
+        let f = config.drift_factor;
+        if !f.is_finite() || !(0.0..1.0).contains(&f) {
+            return Err(ConfigError::BadDriftFactor(f));
+        }
+        let positive = |option: &'static str, d: Duration| {
+            if d.is_zero() {
+                Err(ConfigError::BadOption {
+                    option,
+                    reason: "must be greater than zero".into(),
+                })
+            } else {
+                Ok(())
+            }
+        };
+        positive("node_timeout", config.node_timeout)?;
+        positive("automatic_extension_threshold", config.extension_threshold)?;
+        positive("fencing_timeout", config.fencing_timeout)?;
+        if let Some(t) = config.acquire_timeout {
+            positive("acquire_timeout", t)?;
+        }
+        if let Some(t) = config.max_hold {
+            positive("max_hold", t)?;
+        }
+        if let Err(reason) = config.backoff.check() {
+            return Err(ConfigError::BadOption {
+                option: "backoff",
+                reason,
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,28 @@
+//! Why no fencing token could be issued.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::BoxError;
+
+/// Why no fencing token could be issued.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum FencingError {
+    /// The counter returned an error (its own error is the `source()`).
+    #[error("the fencing counter failed")]
+    Counter(#[source] Arc<dyn std::error::Error + Send + Sync + 'static>),
+    /// The counter did not answer in time.
+    #[error("the fencing counter did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The counter answered after the lock's validity had run out.
+    #[error("the fencing counter answered after the lock's validity ran out")]
+    LockExpired,
+}
+
+impl FencingError {
+    /// Wraps a counter's own error.
+    pub fn counter(err: impl Into<BoxError>) -> Self {
+        FencingError::Counter(Arc::from(err.into()))
+    }
+}

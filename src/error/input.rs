@@ -1,0 +1,135 @@
+//! Bad arguments: [`ConfigError`] from `build()`, [`InvalidInput`] from a call.
+
+use std::time::Duration;
+
+/// Why `RedlockBuilder::build` rejected the configuration. Nothing was connected.
+///
+/// Converts into [`Error::Config`](crate::Error::Config), so `?` works in a function that
+/// returns `redfence::Error`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The builder was given no node.
+    #[error("no Redis nodes were configured; give at least one with `node()` or `nodes()`")]
+    NoNodes,
+    /// A node's URL could not be parsed.
+    #[error("node #{index} URL {url:?} is not a valid Redis URL: {reason}")]
+    BadNodeUrl {
+        /// The node's position in the order given.
+        index: usize,
+        /// The URL as given, its password redacted.
+        url: String,
+        /// What the parser said.
+        reason: String,
+    },
+    /// Two nodes point at the same server, which would count its vote twice.
+    #[error(
+        "nodes #{first} and #{second} both point at {addr}; every node must be a distinct master"
+    )]
+    DuplicateNode {
+        /// The first node's position.
+        first: usize,
+        /// The second node's position.
+        second: usize,
+        /// The address they share.
+        addr: String,
+    },
+    /// The drift factor is NaN, infinite, negative or not below 1.
+    #[error("drift factor {0} must be a finite number in [0, 1)")]
+    BadDriftFactor(f64),
+    /// Another option had a value that cannot work.
+    #[error("option `{option}`: {reason}")]
+    BadOption {
+        /// The builder method's name.
+        option: &'static str,
+        /// What is wrong with the value.
+        reason: String,
+    },
+}
+
+/// Why a call's arguments were rejected. Returned before any network traffic; nothing is
+/// locked.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidInput {
+    /// No resource was given.
+    #[error("no resources were given; a lock needs at least one")]
+    NoResources,
+    /// A resource name was empty.
+    #[error("resource #{index} is an empty string")]
+    EmptyResource {
+        /// Its position in the slice given.
+        index: usize,
+    },
+    /// The same resource was given twice.
+    #[error("resource {resource:?} is given more than once")]
+    DuplicateResource {
+        /// The repeated name.
+        resource: String,
+    },
+    /// More resources were given than one lock may hold.
+    #[error("{given} resources were given; one lock may hold at most {max}")]
+    TooManyResources {
+        /// How many were given.
+        given: usize,
+        /// The limit, [`MAX_RESOURCES`](crate::MAX_RESOURCES).
+        max: usize,
+    },
+    /// The configured fencing counter cannot issue a token for this resource name (e.g.
+    /// PostgreSQL `text` cannot hold a NUL byte).
+    #[error("resource #{index} cannot be fenced by the configured counter: {reason}")]
+    ResourceNotFenceable {
+        /// Its position in the slice given.
+        index: usize,
+        /// What the counter said.
+        reason: String,
+    },
+    /// The TTL is shorter than one millisecond, the resolution Redis expires keys at.
+    #[error("ttl {ttl:?} is shorter than 1 ms")]
+    ZeroTtl {
+        /// The TTL given.
+        ttl: Duration,
+    },
+    /// The TTL does not exceed the clock-drift allowance, so no lock could ever be valid.
+    #[error(
+        "ttl {ttl:?} does not exceed its clock-drift allowance {drift:?} (ttl * drift_factor + 2 ms)"
+    )]
+    TtlTooShort {
+        /// The TTL given.
+        ttl: Duration,
+        /// The drift allowance it must exceed.
+        drift: Duration,
+    },
+    /// The TTL is larger than Redis accepts for an expiry.
+    #[error("ttl {ttl:?} exceeds the largest expiry redfence sends to Redis ({max:?})")]
+    TtlTooLong {
+        /// The TTL given.
+        ttl: Duration,
+        /// The largest accepted TTL.
+        max: Duration,
+    },
+    /// The TTL given to `using()` leaves no validity above the automatic-extension threshold
+    /// once the drift allowance is subtracted, so the lock could never be kept above it.
+    #[error(
+        "ttl {ttl:?} must exceed the automatic extension threshold {threshold:?} plus its clock-drift allowance {drift:?}"
+    )]
+    TtlNotAboveThreshold {
+        /// The TTL given.
+        ttl: Duration,
+        /// The builder's `automatic_extension_threshold`.
+        threshold: Duration,
+        /// The TTL's drift allowance, `ttl * drift_factor + 2 ms`.
+        drift: Duration,
+    },
+    /// The TTL given to `using()` is longer than the builder's `max_hold`: the first lease
+    /// alone would outlive the bound.
+    #[error(
+        "ttl {ttl:?} is longer than max_hold {max_hold:?}; a using() lock never lives past max_hold"
+    )]
+    TtlAboveMaxHold {
+        /// The TTL given.
+        ttl: Duration,
+        /// The builder's `max_hold`.
+        max_hold: Duration,
+    },
+}

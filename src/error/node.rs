@@ -1,0 +1,60 @@
+//! What went wrong on one node.
+
+use std::error::Error as _;
+use std::fmt;
+use std::time::Duration;
+
+/// What went wrong on one node.
+///
+/// Its message carries the whole story ("node #2 (10.0.0.3:6379/0): unreachable: connection
+/// refused"), because several of them are listed in one
+/// [`QuorumUnreachable`](crate::Error::QuorumUnreachable); so it reports no `source()`.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct NodeError {
+    /// The node's position in the order the builder was given.
+    pub index: usize,
+    /// The node's address, without credentials.
+    pub addr: String,
+    /// What happened.
+    pub failure: NodeFailure,
+}
+
+/// The kind of failure a single node had.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeFailure {
+    /// The node did not answer within `node_timeout`.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    /// The node could not be reached (refused, reset, not connected yet).
+    #[error("unreachable")]
+    Connection(#[source] redis::RedisError),
+    /// The node answered with an error, e.g. `WRONGTYPE` when a key holds a hash.
+    #[error("error reply")]
+    Reply(#[source] redis::RedisError),
+}
+
+impl From<redis::RedisError> for NodeFailure {
+    fn from(err: redis::RedisError) -> Self {
+        if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
+            NodeFailure::Connection(err)
+        } else {
+            NodeFailure::Reply(err)
+        }
+    }
+}
+
+impl fmt::Display for NodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "node #{} ({}): {}", self.index, self.addr, self.failure)?;
+        let mut cause = self.failure.source();
+        while let Some(err) = cause {
+            write!(f, ": {err}")?;
+            cause = err.source();
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for NodeError {}

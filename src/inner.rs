@@ -1,0 +1,237 @@
+//! The internals every public type is built on: the state that every clone of a `Redlock` and
+//! every lock it hands out share ([`Shared`]), a validated request ([`Target`]), and one lock
+//! as the nodes know it ([`Held`]).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::error::{Error, InvalidInput};
+use crate::events::Event;
+use crate::node::{Node, Op, Request};
+use crate::quorum::{self, Round, Settled, Until};
+
+/// The longest TTL redfence sends to Redis: about 146 million years, far inside what Redis
+/// accepts for `PX` and what an [`Instant`](std::time::Instant) can represent.
+pub const MAX_TTL: Duration = Duration::from_millis(i64::MAX as u64 / 2);
+
+/// The most resources one lock may hold. Every resource is a key in one script call per
+/// node, and a script blocks its Redis server while it runs: a lock over more keys than this
+/// would stall every other client of the node. Larger requests fail with
+/// [`InvalidInput::TooManyResources`] before any traffic.
+pub const MAX_RESOURCES: usize = 1_000;
+
+/// What every clone of a `Redlock`, and every lock it hands out, share.
+pub(crate) struct Shared {
+    pub(crate) config: Config,
+    pub(crate) nodes: Vec<Arc<dyn Node>>,
+    /// Background work: first connects, straggler drains, releases of dropped locks and of
+    /// abandoned attempts. `Redlock::close` waits for it.
+    pub(crate) tasks: TaskTracker,
+    /// Set by `Redlock::close`: no new acquisition starts.
+    closed: AtomicBool,
+}
+
+/// A validated lock request: resource names, their keys and the TTL.
+#[derive(Clone, Debug)]
+pub(crate) struct Target {
+    pub(crate) resources: Arc<[String]>,
+    pub(crate) keys: Arc<[String]>,
+    pub(crate) ttl: Duration,
+}
+
+/// One lock as the nodes know it: its keys, owner token and TTL, and the calls of its last
+/// round still running (its next round follows them on each node).
+#[derive(Clone)]
+pub(crate) struct Held {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) target: Target,
+    pub(crate) token: Arc<str>,
+    pub(crate) settled: Settled,
+}
+
+impl Shared {
+    pub(crate) fn new(config: Config, nodes: Vec<Arc<dyn Node>>, tasks: TaskTracker) -> Self {
+        Shared {
+            config,
+            nodes,
+            tasks,
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// Refuses new acquisitions from now on.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    /// `Err(Closed)` once `close` was called.
+    pub(crate) fn check_open(&self) -> Result<(), Error> {
+        if self.closed.load(Ordering::SeqCst) {
+            Err(Error::Closed)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Validates a request before any traffic: the TTL, then every resource name (linear in
+    /// their number, which is capped).
+    pub(crate) fn target(
+        &self,
+        resources: &[impl AsRef<str>],
+        ttl: Duration,
+    ) -> Result<Target, InvalidInput> {
+        let config = &self.config;
+        let ttl = validate_ttl(ttl, config.drift_factor)?;
+        if resources.is_empty() {
+            return Err(InvalidInput::NoResources);
+        }
+        if resources.len() > MAX_RESOURCES {
+            return Err(InvalidInput::TooManyResources {
+                given: resources.len(),
+                max: MAX_RESOURCES,
+            });
+        }
+        let mut seen: HashSet<&str> = HashSet::with_capacity(resources.len());
+        let mut names: Vec<String> = Vec::with_capacity(resources.len());
+        for (index, resource) in resources.iter().enumerate() {
+            let name = resource.as_ref();
+            if name.is_empty() {
+                return Err(InvalidInput::EmptyResource { index });
+            }
+            if !seen.insert(name) {
+                return Err(InvalidInput::DuplicateResource {
+                    resource: name.to_owned(),
+                });
+            }
+            if let Some(counter) = &config.fencing
+                && let Err(reason) = counter.check_resource(name)
+            {
+                return Err(InvalidInput::ResourceNotFenceable { index, reason });
+            }
+            names.push(name.to_owned());
+        }
+        let keys: Vec<String> = names
+            .iter()
+            .map(|name| format!("{}{}", config.key_prefix, name))
+            .collect();
+        Ok(Target {
+            resources: names.into(),
+            keys: keys.into(),
+            ttl,
+        })
+    }
+}
+
+impl Held {
+    /// The request for one of this lock's rounds.
+    pub(crate) fn request(&self, op: Op, ttl: Duration) -> Request {
+        Request {
+            op,
+            keys: Arc::clone(&self.target.keys),
+            token: Arc::clone(&self.token),
+            ttl_ms: millis(ttl),
+        }
+    }
+
+    /// Sends one request for this lock to every node, each after the lock's previous call to
+    /// that node finished (see [`Settled`]).
+    pub(crate) async fn round(&self, op: Op, ttl: Duration, until: Until) -> Round {
+        let req = self.request(op, ttl);
+        let config = &self.shared.config;
+        quorum::fan_out(
+            &self.shared.nodes,
+            &req,
+            config.node_timeout,
+            until,
+            &self.settled,
+        )
+        .await
+    }
+
+    /// Compare-and-delete on every node in the background (tracked, so `Redlock::close` waits
+    /// for it); a release that reaches no majority is reported as [`Event::ReleaseFailed`].
+    /// Does nothing outside a Tokio runtime: the keys then expire at the end of their TTL.
+    pub(crate) fn release_in_background(&mut self) {
+        if tokio::runtime::Handle::try_current().is_err() {
+            tracing::debug!(resources = ?self.target.resources, "lock dropped outside a runtime; it will expire on its own");
+            return;
+        }
+        let held = self.clone();
+        self.shared.tasks.spawn(async move {
+            let shared = &held.shared;
+            let tally = held
+                .round(Op::Release, held.target.ttl, Until::All)
+                .await
+                .finish(&shared.nodes, Op::Release)
+                .await;
+            if tally.answered() < tally.quorum() {
+                shared.config.events.emit(Event::ReleaseFailed {
+                    resources: held.target.resources.to_vec(),
+                    error: tally.unreachable(),
+                });
+            }
+        });
+    }
+}
+
+/// Checks a TTL against Redis's resolution, the drift allowance and [`MAX_TTL`]; returns it
+/// rounded down to whole milliseconds (what Redis is sent).
+pub(crate) fn validate_ttl(ttl: Duration, drift_factor: f64) -> Result<Duration, InvalidInput> {
+    if ttl < Duration::from_millis(1) {
+        return Err(InvalidInput::ZeroTtl { ttl });
+    }
+    if ttl > MAX_TTL {
+        return Err(InvalidInput::TtlTooLong { ttl, max: MAX_TTL });
+    }
+    let whole = Duration::from_millis(millis(ttl));
+    let drift = quorum::drift(whole, drift_factor);
+    if whole <= drift {
+        return Err(InvalidInput::TtlTooShort { ttl, drift });
+    }
+    Ok(whole)
+}
+
+/// Whole milliseconds, as Redis takes them (a valid TTL always fits).
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_validation() {
+        assert!(matches!(
+            validate_ttl(Duration::ZERO, 0.01),
+            Err(InvalidInput::ZeroTtl { .. })
+        ));
+        assert!(matches!(
+            validate_ttl(Duration::from_micros(999), 0.01),
+            Err(InvalidInput::ZeroTtl { .. })
+        ));
+        assert!(matches!(
+            validate_ttl(Duration::from_millis(2), 0.01),
+            Err(InvalidInput::TtlTooShort { .. })
+        ));
+        // 100 ms with a drift factor of 0.99: drift = 99 + 2 ms > 100 ms.
+        assert!(matches!(
+            validate_ttl(Duration::from_millis(100), 0.99),
+            Err(InvalidInput::TtlTooShort { .. })
+        ));
+        assert!(matches!(
+            validate_ttl(Duration::MAX, 0.01),
+            Err(InvalidInput::TtlTooLong { .. })
+        ));
+        assert_eq!(
+            validate_ttl(Duration::from_micros(10_500), 0.01).ok(),
+            Some(Duration::from_millis(10))
+        );
+        assert!(validate_ttl(MAX_TTL, 0.01).is_ok());
+    }
+}

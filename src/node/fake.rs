@@ -1,0 +1,207 @@
+//! Fake nodes for unit tests: each one grants, denies, fails, is slow, never answers, or keeps
+//! keys in memory like a Redis server would (with expiry on Tokio's clock, so a paused clock
+//! drives it).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio::time::Instant;
+
+use super::{Node, Op, Request};
+use crate::error::NodeFailure;
+
+/// How a fake node answers one kind of request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Fake {
+    /// Runs the script on the node's in-memory keys, as Redis would.
+    Real,
+    /// Answers 1 whatever the keys.
+    Grant,
+    /// Answers 0 (refused).
+    Deny,
+    /// Answers an error reply.
+    Fail,
+    /// Grants after a delay.
+    Slow(Duration),
+    /// Never answers.
+    Never,
+}
+
+/// What a fake node saw: which script, when it started and when it ended.
+#[derive(Clone, Debug)]
+pub(crate) struct Seen {
+    pub(crate) op: Op,
+    pub(crate) started: Instant,
+    pub(crate) ended: Option<Instant>,
+}
+
+/// A fake node: a behaviour per kind of request (by default its acquire behaviour, and
+/// [`Fake::Real`] for extend and release), a log of the calls it saw, and its keys.
+pub(crate) struct FakeNode {
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    behaviour: Mutex<HashMap<Op, Fake>>,
+    seen: Mutex<Vec<Seen>>,
+    /// key -> (token, expires at)
+    keys: Mutex<HashMap<String, (String, Instant)>>,
+}
+
+impl FakeNode {
+    /// A node that answers acquires as `acquire` says and runs extends and releases for real.
+    pub(crate) fn new(acquire: Fake) -> Self {
+        let node = FakeNode {
+            inner: Arc::default(),
+        };
+        node.set(Op::Acquire, acquire);
+        node.set(Op::Extend, Fake::Real);
+        node.set(Op::Release, Fake::Real);
+        node
+    }
+
+    /// A node that behaves like a healthy Redis server.
+    pub(crate) fn real() -> Self {
+        Self::new(Fake::Real)
+    }
+
+    /// From now on, answers `op` as `behaviour` says.
+    pub(crate) fn set(&self, op: Op, behaviour: Fake) {
+        if let Ok(mut b) = self.inner.behaviour.lock() {
+            b.insert(op, behaviour);
+        }
+    }
+
+    /// Answers every kind of request as `behaviour` says.
+    pub(crate) fn set_all(&self, behaviour: Fake) {
+        for op in [Op::Acquire, Op::Extend, Op::Release] {
+            self.set(op, behaviour);
+        }
+    }
+
+    pub(crate) fn seen(&self) -> Vec<Seen> {
+        self.inner
+            .seen
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn calls(&self) -> Vec<Op> {
+        self.seen().iter().map(|s| s.op).collect()
+    }
+
+    /// The token at `key`, if it holds one that has not expired.
+    pub(crate) fn holder(&self, key: &str) -> Option<String> {
+        let keys = self.inner.keys.lock().ok()?;
+        keys.get(key)
+            .filter(|(_, expires)| *expires > Instant::now())
+            .map(|(token, _)| token.clone())
+    }
+
+    /// Puts `token` at `key` for `ttl`, as another client would.
+    pub(crate) fn put(&self, key: &str, token: &str, ttl: Duration) {
+        if let Ok(mut keys) = self.inner.keys.lock() {
+            keys.insert(key.to_owned(), (token.to_owned(), Instant::now() + ttl));
+        }
+    }
+}
+
+impl Inner {
+    fn run(&self, req: &Request) -> i64 {
+        let Ok(mut keys) = self.keys.lock() else {
+            return 0;
+        };
+        let now = Instant::now();
+        keys.retain(|_, (_, expires)| *expires > now);
+        let ours = |k: &String, keys: &HashMap<String, (String, Instant)>| {
+            keys.get(k).map(|(t, _)| t.as_str()) == Some(&*req.token)
+        };
+        let ttl = Duration::from_millis(req.ttl_ms);
+        match req.op {
+            Op::Acquire => {
+                if req
+                    .keys
+                    .iter()
+                    .any(|k| keys.contains_key(k) && !ours(k, &keys))
+                {
+                    return 0;
+                }
+                for k in req.keys.iter() {
+                    keys.insert(k.clone(), (req.token.to_string(), now + ttl));
+                }
+                req.keys.len() as i64
+            }
+            Op::Extend => {
+                if !req.keys.iter().all(|k| ours(k, &keys)) {
+                    return 0;
+                }
+                for k in req.keys.iter() {
+                    keys.insert(k.clone(), (req.token.to_string(), now + ttl));
+                }
+                req.keys.len() as i64
+            }
+            Op::Release => {
+                let mine: Vec<String> = req
+                    .keys
+                    .iter()
+                    .filter(|k| ours(k, &keys))
+                    .cloned()
+                    .collect();
+                for k in &mine {
+                    keys.remove(k);
+                }
+                mine.len() as i64
+            }
+        }
+    }
+}
+
+impl Node for FakeNode {
+    fn call(&self, req: &Request) -> BoxFuture<'static, Result<i64, NodeFailure>> {
+        let behaviour = self
+            .inner
+            .behaviour
+            .lock()
+            .ok()
+            .and_then(|b| b.get(&req.op).copied())
+            .unwrap_or(Fake::Real);
+        let (inner, req) = (Arc::clone(&self.inner), req.clone());
+        Box::pin(async move {
+            // Recorded when the call really starts (after any gate), not when it is made.
+            let slot = inner.seen.lock().ok().map(|mut s| {
+                s.push(Seen {
+                    op: req.op,
+                    started: Instant::now(),
+                    ended: None,
+                });
+                s.len() - 1
+            });
+            let result = match behaviour {
+                Fake::Real => Ok(inner.run(&req)),
+                Fake::Grant => Ok(1),
+                Fake::Deny => Ok(0),
+                Fake::Fail => Err(NodeFailure::Reply(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "injected",
+                )))),
+                Fake::Slow(d) => {
+                    tokio::time::sleep(d).await;
+                    Ok(inner.run(&req).max(1))
+                }
+                Fake::Never => std::future::pending().await,
+            };
+            if let (Some(slot), Ok(mut s)) = (slot, inner.seen.lock()) {
+                s[slot].ended = Some(Instant::now());
+            }
+            result
+        })
+    }
+
+    fn addr(&self) -> &str {
+        "fake"
+    }
+}

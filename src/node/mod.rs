@@ -1,0 +1,51 @@
+//! One lock server as the quorum logic sees it: the [`Node`] trait, the request it runs, and
+//! its Redis implementation. Unit tests run the same logic over fake nodes.
+
+#[cfg(test)]
+pub(crate) mod fake;
+mod redis;
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+
+use crate::error::NodeFailure;
+
+pub(crate) use self::redis::{LazyConnection, RedisNode};
+
+/// Which script a request runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Op {
+    /// Set every key to the token if none of them exists (all-or-nothing).
+    Acquire,
+    /// Re-arm the expiry of every key if all still hold the token.
+    Extend,
+    /// Delete every key that still holds the token.
+    Release,
+}
+
+/// One request, sent unchanged to every node.
+#[derive(Clone, Debug)]
+pub(crate) struct Request {
+    pub(crate) op: Op,
+    pub(crate) keys: Arc<[String]>,
+    pub(crate) token: Arc<str>,
+    /// The TTL in milliseconds (unused by `Release`).
+    pub(crate) ttl_ms: u64,
+}
+
+/// A lock server. Real nodes are [`RedisNode`]s; unit tests use fakes that grant, deny, fail,
+/// are slow, or never answer.
+pub(crate) trait Node: Send + Sync {
+    /// Runs the request's script. The reply is the script's integer: for `Acquire` and
+    /// `Extend` a positive number means granted and 0 means refused; for `Release` the number
+    /// of keys deleted. The future owns what it needs, so it can outlive the call; the caller
+    /// bounds it with the node timeout.
+    fn call(&self, req: &Request) -> BoxFuture<'static, Result<i64, NodeFailure>>;
+
+    /// The node's address (host, port and database, never credentials), for error messages.
+    fn addr(&self) -> &str;
+}
+
+/// The nodes of a lock manager, in the order the builder was given them.
+pub(crate) type Nodes = [Arc<dyn Node>];

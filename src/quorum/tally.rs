@@ -1,0 +1,210 @@
+//! Vote counting: the pure Redlock arithmetic (majority, drift, validity) and the tally of
+//! one round. No I/O and no clock: everything here is a function of its arguments.
+
+use std::time::Duration;
+
+use crate::Error;
+use crate::error::{LossReason, NodeError, NodeFailure};
+use crate::node::{Nodes, Op};
+
+/// The size of a majority of `nodes`: `floor(nodes / 2) + 1`.
+pub(crate) fn quorum(nodes: usize) -> usize {
+    nodes / 2 + 1
+}
+
+/// The clock-drift allowance for a TTL: `ttl * drift_factor + 2 ms`.
+pub(crate) fn drift(ttl: Duration, drift_factor: f64) -> Duration {
+    ttl.mul_f64(drift_factor) + Duration::from_millis(2)
+}
+
+/// What is left of a lock's TTL once the round's elapsed time and the drift allowance are
+/// subtracted; `None` when nothing positive is left.
+pub(crate) fn validity(ttl: Duration, elapsed: Duration, drift_factor: f64) -> Option<Duration> {
+    ttl.checked_sub(elapsed)?
+        .checked_sub(drift(ttl, drift_factor))
+        .filter(|v| !v.is_zero())
+}
+
+/// When a round is decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Until {
+    /// A majority granted (a positive reply), or a majority became impossible.
+    Granted,
+    /// A majority answered at all, or a majority of answers became impossible.
+    Answered,
+    /// Every node answered or timed out.
+    All,
+}
+
+/// The votes of one round.
+#[derive(Debug)]
+pub(crate) struct Tally {
+    pub(crate) nodes: usize,
+    pub(crate) granted: usize,
+    pub(crate) denied: usize,
+    pub(crate) errors: Vec<NodeError>,
+}
+
+impl Tally {
+    pub(super) fn new(nodes: usize) -> Self {
+        Tally {
+            nodes,
+            granted: 0,
+            denied: 0,
+            errors: Vec::new(),
+        }
+    }
+
+    pub(crate) fn quorum(&self) -> usize {
+        quorum(self.nodes)
+    }
+
+    /// Counts one node's outcome.
+    pub(super) fn record(
+        &mut self,
+        nodes: &Nodes,
+        op: Op,
+        index: usize,
+        result: Result<i64, NodeFailure>,
+    ) {
+        match result {
+            Ok(reply) if reply > 0 || op == Op::Release => self.granted += 1,
+            Ok(_) => self.denied += 1,
+            Err(failure) => self.errors.push(NodeError {
+                index,
+                addr: nodes[index].addr().to_owned(),
+                failure,
+            }),
+        }
+    }
+
+    /// A majority granted.
+    pub(crate) fn reached(&self) -> bool {
+        self.granted >= self.quorum()
+    }
+
+    /// How many nodes answered, whatever the answer.
+    pub(crate) fn answered(&self) -> usize {
+        self.granted + self.denied
+    }
+
+    pub(super) fn decided(&self, until: Until) -> bool {
+        let q = self.quorum();
+        let slack = self.nodes - q;
+        match until {
+            Until::Granted => self.granted >= q || self.denied + self.errors.len() > slack,
+            Until::Answered => self.answered() >= q || self.errors.len() > slack,
+            Until::All => self.answered() + self.errors.len() == self.nodes,
+        }
+    }
+
+    /// Refusals alone rule out a majority: other owners hold it.
+    fn refused_by_majority(&self) -> bool {
+        self.nodes - self.denied < self.quorum()
+    }
+
+    /// Why an acquire round failed: contention when refusals alone rule out a majority,
+    /// unreachable nodes otherwise.
+    pub(crate) fn acquire_failure(self) -> Failed {
+        if self.refused_by_majority() {
+            Failed::Contended {
+                denied: self.denied,
+                nodes: self.nodes,
+            }
+        } else {
+            Failed::Other(self.unreachable())
+        }
+    }
+
+    /// The error for a failed extension round: the lock is lost when a majority says the keys
+    /// are no longer ours; otherwise the nodes could not confirm it.
+    pub(crate) fn extend_error(self, resources: &[String]) -> Error {
+        if self.refused_by_majority() {
+            Error::LockLost {
+                resources: resources.to_vec(),
+                reason: LossReason::NotHeld {
+                    confirmed: self.granted,
+                    quorum: self.quorum(),
+                },
+            }
+        } else {
+            self.unreachable()
+        }
+    }
+
+    /// `QuorumUnreachable` with every node's error.
+    pub(crate) fn unreachable(self) -> Error {
+        Error::QuorumUnreachable {
+            granted: self.granted,
+            denied: self.denied,
+            quorum: self.quorum(),
+            nodes: self.nodes,
+            errors: self.errors,
+        }
+    }
+}
+
+/// Why one acquire attempt failed, before anyone knows how many attempts were made: the
+/// caller turns it into an [`Error`] once, with the final count.
+#[derive(Debug)]
+pub(crate) enum Failed {
+    /// Refusals alone ruled out a majority: other owners hold the resources.
+    Contended {
+        /// How many nodes refused.
+        denied: usize,
+        /// How many nodes there are.
+        nodes: usize,
+    },
+    /// Any other failure, already a complete error.
+    Other(Error),
+}
+
+impl Failed {
+    /// Whether another attempt could succeed.
+    pub(crate) fn is_retryable(&self) -> bool {
+        match self {
+            Failed::Contended { .. } => true,
+            Failed::Other(error) => error.is_retryable(),
+        }
+    }
+
+    /// The error for the caller, after `attempts` attempts in all.
+    pub(crate) fn into_error(self, resources: &[String], attempts: u32) -> Error {
+        match self {
+            Failed::Contended { denied, nodes } => Error::Contended {
+                resources: resources.to_vec(),
+                denied,
+                nodes,
+                attempts,
+            },
+            Failed::Other(error) => error,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn quorum_sizes() {
+        assert_eq!(
+            (1..=7).map(quorum).collect::<Vec<_>>(),
+            vec![1, 2, 2, 3, 3, 4, 4]
+        );
+    }
+
+    #[test]
+    fn validity_subtracts_elapsed_and_drift() {
+        let ttl = Duration::from_secs(10);
+        // drift = 10 s * 0.01 + 2 ms = 102 ms
+        assert_eq!(drift(ttl, 0.01), 102 * MS);
+        assert_eq!(validity(ttl, 100 * MS, 0.01), Some(ttl - 202 * MS));
+        assert_eq!(validity(ttl, ttl - 102 * MS, 0.01), None);
+        assert_eq!(validity(ttl, ttl, 0.01), None);
+        assert_eq!(validity(ttl, ttl * 2, 0.01), None);
+        assert_eq!(validity(3 * MS, Duration::ZERO, 0.0), Some(MS));
+    }
+}

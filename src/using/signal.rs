@@ -1,0 +1,351 @@
+//! [`Signal`]: what the routine of `using()` sees of its lock, and the state it shares with
+//! the extension task.
+
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use crate::clock;
+use crate::error::{Error, LossReason};
+use crate::events::{Event, EventHook};
+
+/// Tells the routine run by [`Redlock::using`](crate::Redlock::using) whether it still owns its lock.
+///
+/// Cheap to clone (an `Arc` inside), `Send + Sync`: hand clones to sub-tasks. Once aborted it
+/// stays aborted, and [`error`](Signal::error) says why:
+///
+/// - [`Error::LockLost`] with [`LossReason::Unconfirmed`]: extensions kept failing (nodes
+///   unreachable) and less than `automatic_extension_threshold` of validity is left;
+/// - [`Error::LockLost`] with [`LossReason::NotHeld`]: a majority answered that the keys no
+///   longer hold our token;
+/// - [`Error::LockLost`] with [`LossReason::Expired`]: the validity ran out (e.g. the process
+///   was starved), noticed by the signal itself even if the extension task could not run;
+/// - [`Error::RenewalLimit`]: `max_extensions` or `max_hold` was reached;
+/// - [`Error::LockLost`] with [`LossReason::Released`]: the `using` scope has ended (seen only
+///   through a clone kept after it).
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use redfence::{Error, Redlock};
+///
+/// # async fn step(_: u32, _: Option<u64>) -> Result<(), Error> { Ok(()) }
+/// # async fn run(redlock: Redlock) -> Result<(), Error> {
+/// redlock
+///     .using(&["report"], Duration::from_secs(5), |signal| async move {
+///         for part in 0..10 {
+///             signal.check()?; // Err(LockLost or RenewalLimit) once ownership is gone
+///             step(part, signal.fence()).await?;
+///         }
+///         println!("done with {:?} of validity to spare", signal.remaining());
+///         Ok(())
+///     })
+///     .await
+/// # }
+/// # fn main() { let _ = run; }
+/// ```
+#[derive(Clone)]
+pub struct Signal {
+    pub(super) state: Arc<State>,
+}
+
+impl Signal {
+    /// Whether ownership is gone (or can no longer be guaranteed). Never goes back to `false`.
+    pub fn is_aborted(&self) -> bool {
+        self.state.error().is_some()
+    }
+
+    /// Resolves once the signal is aborted, at once if it already is, with the reason (the
+    /// same as [`error`](Signal::error)). For `tokio::select!`; cancel-safe.
+    ///
+    /// ```no_run
+    /// # async fn run(signal: redfence::Signal) -> Result<(), redfence::Error> {
+    /// # async fn long_computation() -> Result<(), redfence::Error> { Ok(()) }
+    /// tokio::select! {
+    ///     err = signal.aborted() => Err(err), // the computation is dropped
+    ///     done = long_computation() => done,
+    /// }
+    /// # }
+    /// # fn main() { let _ = run; }
+    /// ```
+    pub async fn aborted(&self) -> Error {
+        let mut changes = self.state.expires_at.subscribe();
+        loop {
+            // Mark the current value seen *before* looking at the error: an abort that
+            // happens after the look then shows up as a change.
+            let expires_at = *changes.borrow_and_update();
+            if let Some(error) = self.state.error() {
+                return error.clone();
+            }
+            let expiry = tokio::time::sleep_until(tokio::time::Instant::from_std(expires_at));
+            tokio::pin!(expiry);
+            tokio::select! {
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        // Unreachable (the sender lives in the shared state); never spin.
+                        expiry.await;
+                    }
+                }
+                () = &mut expiry => {}
+            }
+        }
+    }
+
+    /// `Ok(())` while the lock is held, the reason (as [`error`](Signal::error)) once the
+    /// signal is aborted. Call it before every step that must not run without the lock.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LockLost`] or [`Error::RenewalLimit`], once the signal is aborted.
+    pub fn check(&self) -> Result<(), Error> {
+        match self.state.error() {
+            Some(error) => Err(error.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Why the signal aborted: [`Error::LockLost`] (with a [`LossReason`]) or
+    /// [`Error::RenewalLimit`]; `None` while the lock is held.
+    pub fn error(&self) -> Option<Error> {
+        self.state.error().cloned()
+    }
+
+    /// How much validity the lock has left (zero once expired). Grows back after every
+    /// extension.
+    pub fn remaining(&self) -> Duration {
+        self.state
+            .expires_at()
+            .saturating_duration_since(clock::now())
+    }
+
+    /// The fencing token of this acquisition, if a counter is configured. Send it with every
+    /// write; the storage must reject a fence that is not greater than the last it accepted.
+    pub fn fence(&self) -> Option<u64> {
+        self.state.fence
+    }
+
+    /// The resources the lock holds, as given (without the key prefix).
+    pub fn resources(&self) -> &[String] {
+        &self.state.resources
+    }
+
+    /// The lock's owner token: the value stored at every key.
+    pub fn token(&self) -> &str {
+        &self.state.token
+    }
+}
+
+impl fmt::Debug for Signal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Signal")
+            .field("resources", &self.state.resources)
+            .field("fence", &self.state.fence)
+            .field("remaining", &self.remaining())
+            .field("error", &self.state.error.get())
+            .finish()
+    }
+}
+
+/// What a [`Signal`] and its extension task share.
+pub(super) struct State {
+    pub(super) resources: Arc<[String]>,
+    pub(super) token: Arc<str>,
+    pub(super) fence: Option<u64>,
+    /// The lock's validity end, updated by every extension; a change (or a forced
+    /// notification) wakes [`Signal::aborted`].
+    pub(super) expires_at: watch::Sender<Instant>,
+    /// Set once, by the first abort.
+    pub(super) error: OnceLock<Error>,
+    pub(super) events: EventHook,
+}
+
+impl State {
+    pub(super) fn expires_at(&self) -> Instant {
+        *self.expires_at.borrow()
+    }
+
+    /// The abort reason, if any; aborts with `Expired` when the validity has run out, so that
+    /// a starved extension task cannot leave the signal unaborted.
+    pub(super) fn error(&self) -> Option<&Error> {
+        if let Some(error) = self.error.get() {
+            return Some(error);
+        }
+        if clock::now() >= self.expires_at() {
+            return Some(self.abort(self.lost(LossReason::Expired)));
+        }
+        None
+    }
+
+    pub(super) fn lost(&self, reason: LossReason) -> Error {
+        Error::LockLost {
+            resources: self.resources.to_vec(),
+            reason,
+        }
+    }
+
+    /// Aborts the signal, unless it already is: reports the first abort and wakes waiters.
+    pub(super) fn abort(&self, error: Error) -> &Error {
+        self.set(error, true)
+    }
+
+    /// Marks the scope as over, without an event: later looks at the signal see `Released`.
+    pub(super) fn finish(&self) {
+        self.set(self.lost(LossReason::Released), false);
+    }
+
+    fn set(&self, error: Error, report: bool) -> &Error {
+        let mut first = false;
+        let stored = self.error.get_or_init(|| {
+            first = true;
+            error
+        });
+        if first {
+            if report {
+                self.events.emit(Event::Aborted {
+                    resources: self.resources.to_vec(),
+                    error: stored.clone(),
+                });
+            }
+            self.expires_at.send_modify(|_| {});
+        }
+        stored
+    }
+
+    pub(super) fn extended(&self, expires_at: Instant) {
+        self.expires_at.send_replace(expires_at);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::RenewalLimit;
+    use std::sync::Mutex;
+
+    fn state(valid_for: Duration, events: EventHook) -> Arc<State> {
+        Arc::new(State {
+            resources: Arc::from(vec!["r".to_string()]),
+            token: Arc::from("token"),
+            fence: Some(7),
+            expires_at: watch::Sender::new(clock::now() + valid_for),
+            error: OnceLock::new(),
+            events,
+        })
+    }
+
+    fn recorder() -> (EventHook, Arc<Mutex<Vec<Event>>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&seen);
+        let hook = EventHook::new(move |e: &Event| {
+            if let Ok(mut v) = sink.lock() {
+                v.push(e.clone());
+            }
+        });
+        (hook, seen)
+    }
+
+    fn aborted_events(seen: &Mutex<Vec<Event>>) -> usize {
+        seen.lock()
+            .map(|v| {
+                v.iter()
+                    .filter(|e| matches!(e, Event::Aborted { .. }))
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn aborted_resolves_on_abort_once_and_for_all() {
+        let (hook, seen) = recorder();
+        let s = state(Duration::from_secs(60), hook);
+        let signal = Signal {
+            state: Arc::clone(&s),
+        };
+        assert!(!signal.is_aborted());
+        assert!(signal.check().is_ok());
+        assert_eq!(signal.fence(), Some(7));
+        assert_eq!(signal.token(), "token");
+        assert_eq!(signal.remaining(), Duration::from_secs(60));
+
+        let waiter = tokio::spawn({
+            let signal = signal.clone();
+            async move { signal.aborted().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        let started = tokio::time::Instant::now();
+        s.abort(Error::RenewalLimit {
+            resources: vec!["r".into()],
+            limit: RenewalLimit::Extensions(3),
+        });
+        let err = waiter.await.expect("waiter");
+        assert_eq!(started.elapsed(), Duration::ZERO, "woken without waiting");
+        assert!(matches!(err, Error::RenewalLimit { .. }), "{err:?}");
+        // A second abort changes nothing and reports nothing.
+        s.abort(s.lost(LossReason::Expired));
+        assert!(matches!(signal.check(), Err(Error::RenewalLimit { .. })));
+        assert!(matches!(signal.aborted().await, Error::RenewalLimit { .. }));
+        assert_eq!(aborted_events(&seen), 1);
+        // The end of the scope keeps the first reason.
+        s.finish();
+        assert!(matches!(signal.error(), Some(Error::RenewalLimit { .. })));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_signal_aborts_at_expiry_on_its_own_and_follows_extensions() {
+        let (hook, seen) = recorder();
+        let s = state(Duration::from_secs(5), hook);
+        let signal = Signal {
+            state: Arc::clone(&s),
+        };
+        let start = tokio::time::Instant::now();
+        let waiter = tokio::spawn({
+            let signal = signal.clone();
+            async move { signal.aborted().await }
+        });
+        // An extension at 2 s moves the expiry from 5 s to 12 s.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        s.extended(clock::now() + Duration::from_secs(10));
+        assert_eq!(signal.remaining(), Duration::from_secs(10));
+        let err = waiter.await.expect("waiter");
+        assert_eq!(start.elapsed(), Duration::from_secs(12));
+        assert!(
+            matches!(
+                err,
+                Error::LockLost {
+                    reason: LossReason::Expired,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(signal.is_aborted());
+        assert_eq!(signal.remaining(), Duration::ZERO);
+        assert_eq!(aborted_events(&seen), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_signal_kept_after_its_scope_reports_the_release_without_an_event() {
+        let (hook, seen) = recorder();
+        let s = state(Duration::from_secs(5), hook);
+        let signal = Signal {
+            state: Arc::clone(&s),
+        };
+        s.finish();
+        assert!(matches!(
+            signal.aborted().await,
+            Error::LockLost {
+                reason: LossReason::Released,
+                ..
+            }
+        ));
+        assert_eq!(aborted_events(&seen), 0);
+    }
+
+    #[test]
+    fn signals_are_send_sync_and_static() {
+        fn check<T: Send + Sync + Clone + 'static>() {}
+        check::<Signal>();
+    }
+}

@@ -1,0 +1,137 @@
+//! The extension task of `using()`: sleeps until the [`Policy`] says, extends, records the
+//! outcome, and releases the lock when the scope ends.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::oneshot;
+
+use super::policy::{Cause, Lease, Policy, Step};
+use super::signal::State;
+use crate::clock;
+use crate::error::{Error, LossReason};
+use crate::events::Event;
+use crate::guard::DropGuard;
+use crate::lock::Lock;
+
+/// How the extension loop ended.
+enum End {
+    /// `using` is done with the lock.
+    Stopped,
+    /// The signal aborted: extension is over, the lock waits for the end of the scope.
+    GaveUp,
+}
+
+/// Keeps the lock alive until told to stop (or until it gives up), then releases it.
+pub(super) async fn extension_task(
+    mut lock: Lock,
+    lease: Lease,
+    state: Arc<State>,
+    policy: Policy,
+    mut stop: oneshot::Receiver<()>,
+) {
+    // However this task ends (even aborted with its runtime), the signal stops saying "held".
+    let _finish = DropGuard::new(Arc::clone(&state), |state| state.finish());
+    if let End::GaveUp = extend_until_stopped(&mut lock, lease, &state, &policy, &mut stop).await {
+        // Whether `using` sent nothing and dropped the sender, or was dropped: both end it.
+        let _ = stop.await;
+    }
+    state.finish();
+    let resources = state.resources.to_vec();
+    if let Err(error) = lock.release_all().await {
+        state.events.emit(Event::ReleaseFailed { resources, error });
+    }
+}
+
+async fn extend_until_stopped(
+    lock: &mut Lock,
+    mut lease: Lease,
+    state: &State,
+    policy: &Policy,
+    stop: &mut oneshot::Receiver<()>,
+) -> End {
+    loop {
+        if state.error().is_some() {
+            // Aborted from outside (the signal saw the validity run out).
+            return End::GaveUp;
+        }
+        let now = clock::now();
+        let by = match policy.step(now, &lease) {
+            Step::Abort { at, cause } if at <= now => {
+                let error = match cause {
+                    Cause::Limit(limit) => Error::RenewalLimit {
+                        resources: state.resources.to_vec(),
+                        limit,
+                    },
+                    Cause::Expired | Cause::Unconfirmed => unconfirmed(state, lease.expires_at),
+                };
+                state.abort(error);
+                return End::GaveUp;
+            }
+            Step::Extend { at, by } if at <= now => by,
+            Step::Extend { at, .. } | Step::Abort { at, .. } => {
+                tokio::select! {
+                    biased;
+                    _ = &mut *stop => return End::Stopped,
+                    () = tokio::time::sleep_until(tokio::time::Instant::from_std(at)) => {}
+                }
+                continue;
+            }
+        };
+        let deadline = tokio::time::Instant::from_std(by);
+        let round_started = now;
+        let outcome = tokio::select! {
+            biased;
+            _ = &mut *stop => return End::Stopped,
+            outcome = tokio::time::timeout_at(deadline, lock.extend(policy.ttl)) => outcome,
+        };
+        match outcome {
+            Ok(Ok(())) => {
+                lease.expires_at = lock.expires_at();
+                lease.extensions = lease.extensions.saturating_add(1);
+                lease.failed_round = None;
+                state.extended(lease.expires_at);
+                state.events.emit(Event::Extended {
+                    resources: state.resources.to_vec(),
+                    extensions: lease.extensions,
+                    validity: lock.remaining(),
+                });
+            }
+            Ok(Err(error)) => {
+                state.events.emit(Event::ExtensionFailed {
+                    resources: state.resources.to_vec(),
+                    error: error.clone(),
+                    remaining: lock.remaining(),
+                });
+                if error.is_lock_lost() {
+                    // A majority said the keys are not ours, or the validity ran out.
+                    state.abort(error);
+                    return End::GaveUp;
+                }
+                lease.failed_round = Some(round_started);
+            }
+            Err(_) => {
+                // The round outlived its deadline: nothing confirmed the lock in time. The
+                // round was cut short, so there are no per-node errors to report.
+                let error = unconfirmed(state, lease.expires_at);
+                state.events.emit(Event::ExtensionFailed {
+                    resources: state.resources.to_vec(),
+                    error: error.clone(),
+                    remaining: lock.remaining(),
+                });
+                state.abort(error);
+                return End::GaveUp;
+            }
+        }
+    }
+}
+
+/// `Unconfirmed` with the validity left, or `Expired` when none is.
+fn unconfirmed(state: &State, expires_at: Instant) -> Error {
+    let remaining = expires_at.saturating_duration_since(clock::now());
+    state.lost(if remaining.is_zero() {
+        LossReason::Expired
+    } else {
+        LossReason::Unconfirmed { remaining }
+    })
+}
