@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use crate::error::{Error, LossReason};
+use crate::error::Error;
 
 /// Records the outcome of one `acquire`, `try_acquire` or `using` acquisition.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
@@ -53,12 +53,15 @@ pub(crate) fn lock_lost(error: &Error) {
     {
         let reason = match error {
             Error::RenewalLimit { .. } => "renewal_limit",
-            Error::LockLost { reason, .. } => match reason {
-                LossReason::Expired => "expired",
-                LossReason::NotHeld { .. } => "not_held",
-                LossReason::Unconfirmed { .. } => "unconfirmed",
-                _ => "other",
-            },
+            Error::LockLost { reason, .. } => {
+                use crate::error::LossReason;
+                match reason {
+                    LossReason::Expired => "expired",
+                    LossReason::NotHeld { .. } => "not_held",
+                    LossReason::Unconfirmed { .. } => "unconfirmed",
+                    _ => "other",
+                }
+            }
             _ => "other",
         };
         metrics::counter!("redfence_lock_lost_total", "reason" => reason).increment(1);
