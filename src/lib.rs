@@ -68,6 +68,7 @@ mod clock;
 mod error;
 mod events;
 pub mod fence;
+mod inspect;
 mod lock;
 mod metrics;
 mod node;
@@ -87,6 +88,7 @@ pub use events::Event;
 #[cfg(feature = "postgres")]
 pub use fence::postgres::{PostgresCounter, StaleFence};
 pub use fence::{FencingCounter, MemoryCounter, RedisCounter};
+pub use inspect::{Holder, Inspection, KeyState, NodeReport, ResourceView, TOKEN_PREFIX_LEN};
 pub use lock::Lock;
 pub use redlock::{MAX_RESOURCES, MAX_TTL, Redlock};
 pub use retry::Backoff;

@@ -96,6 +96,26 @@ impl RedisNode {
     pub(crate) fn identity(&self) -> &str {
         &self.identity
     }
+
+    /// Runs `script` over `keys` (no arguments) on the shared connection, within `timeout`.
+    /// For the advisory commands (`inspect`, `force_release`), outside the lock protocol.
+    pub(crate) async fn run_script<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[String],
+        timeout: Duration,
+    ) -> Result<T, NodeFailure> {
+        let call = async {
+            let mut conn = self.shared.connection().await?;
+            let mut invocation = script.prepare_invoke();
+            invocation.key(keys);
+            Ok::<T, redis::RedisError>(invocation.invoke_async(&mut conn).await?)
+        };
+        match tokio::time::timeout(timeout, call).await {
+            Ok(result) => Ok(result?),
+            Err(_) => Err(NodeFailure::Timeout(timeout)),
+        }
+    }
 }
 
 impl LazyConnection {
