@@ -319,7 +319,7 @@ impl Inspection {
             holder.majority_ttl = ttls.get(self.quorum.saturating_sub(1)).copied();
         }
         view.holders
-            .sort_by(|a, b| b.nodes.len().cmp(&a.nodes.len()));
+            .sort_by_key(|holder| std::cmp::Reverse(holder.nodes.len()));
         view
     }
 }

@@ -109,7 +109,7 @@ impl RedisNode {
             let mut conn = self.shared.connection().await?;
             let mut invocation = script.prepare_invoke();
             invocation.key(keys);
-            Ok::<T, redis::RedisError>(invocation.invoke_async(&mut conn).await?)
+            invocation.invoke_async::<T>(&mut conn).await
         };
         match tokio::time::timeout(timeout, call).await {
             Ok(result) => Ok(result?),
