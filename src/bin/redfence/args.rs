@@ -22,6 +22,7 @@ pub struct Cli {
 
 /// Options every command takes.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Global options")]
 pub struct Common {
     /// Redis masters, comma-separated or repeated (redis://host:port/db, rediss://...)
     #[arg(long, env = "REDFENCE_NODES", value_delimiter = ',', global = true)]
