@@ -15,6 +15,9 @@ use crate::setup;
 use crate::signals::{self, Signals};
 use crate::waiting::Waiting;
 
+/// How many attempts a lock gets when nodes failed (rather than refused), whatever `--wait`.
+const MIN_ATTEMPTS: u32 = 3;
+
 /// Why a `using()` scope ended without the command's exit code.
 enum Stop {
     /// The lock was not acquired.
@@ -39,7 +42,8 @@ impl From<Failure> for Stop {
 ///
 /// Waiting is our own loop, so that it can show progress: one `using()` attempt at a time
 /// (`retry_count(0)`), then the default retry delay (200 ms ± 100 ms), until `--wait` runs
-/// out. A signal while waiting ends the wait: the command never runs.
+/// out; failed nodes get [`MIN_ATTEMPTS`] attempts even without `--wait`. A signal while
+/// waiting ends the wait: the command never runs.
 pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
     if let (Some(min), Some(max)) = (args.min_hold, args.max_hold)
         && min > max
@@ -68,6 +72,7 @@ pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
         argv: args.command.clone(),
         shell: args.shell,
     };
+    let mut attempts: u32 = 0;
     loop {
         let scope = Scope {
             spec: &spec,
@@ -83,8 +88,15 @@ pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
             Err(Stop::Failure(failure)) => return Err(failure),
             Err(Stop::Lock(error)) => error,
         };
+        attempts += 1;
         let delay = delays.next().unwrap_or(Duration::from_millis(200));
-        if !error.is_retryable() || Instant::now() + delay > deadline {
+        let in_time = Instant::now() + delay <= deadline;
+        // A cold connection (the first call of a fresh process) can miss a short node
+        // timeout: give failed nodes a few attempts even without --wait. Contention obeys
+        // --wait alone.
+        let unreachable = !matches!(error, Error::Contended { .. });
+        let retry = in_time || (unreachable && attempts < MIN_ATTEMPTS);
+        if !error.is_retryable() || !retry {
             waiting.finish();
             return Err(not_acquired(&error, args.busy_exit_code));
         }
