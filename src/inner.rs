@@ -79,7 +79,7 @@ impl Shared {
     }
 
     /// Validates a request before any traffic: the TTL, then every resource name (linear in
-    /// their number, which is capped).
+    /// their number, which is capped), then that the fencing counter can store each name.
     pub(crate) fn target(
         &self,
         resources: &[impl AsRef<str>],
@@ -87,44 +87,57 @@ impl Shared {
     ) -> Result<Target, InvalidInput> {
         let config = &self.config;
         let ttl = validate_ttl(ttl, config.drift_factor)?;
-        if resources.is_empty() {
-            return Err(InvalidInput::NoResources);
-        }
-        if resources.len() > MAX_RESOURCES {
-            return Err(InvalidInput::TooManyResources {
-                given: resources.len(),
-                max: MAX_RESOURCES,
-            });
-        }
-        let mut seen: HashSet<&str> = HashSet::with_capacity(resources.len());
-        let mut names: Vec<String> = Vec::with_capacity(resources.len());
-        for (index, resource) in resources.iter().enumerate() {
-            let name = resource.as_ref();
-            if name.is_empty() {
-                return Err(InvalidInput::EmptyResource { index });
+        let names = resource_names(resources)?;
+        if let Some(counter) = &config.fencing {
+            for (index, name) in names.iter().enumerate() {
+                if let Err(reason) = counter.check_resource(name) {
+                    return Err(InvalidInput::ResourceNotFenceable { index, reason });
+                }
             }
-            if !seen.insert(name) {
-                return Err(InvalidInput::DuplicateResource {
-                    resource: name.to_owned(),
-                });
-            }
-            if let Some(counter) = &config.fencing
-                && let Err(reason) = counter.check_resource(name)
-            {
-                return Err(InvalidInput::ResourceNotFenceable { index, reason });
-            }
-            names.push(name.to_owned());
         }
-        let keys: Vec<String> = names
-            .iter()
-            .map(|name| format!("{}{}", config.key_prefix, name))
-            .collect();
         Ok(Target {
+            keys: self.keys(&names),
             resources: names.into(),
-            keys: keys.into(),
             ttl,
         })
     }
+
+    /// The Redis key of each resource: the key prefix, then the name.
+    pub(crate) fn keys(&self, names: &[String]) -> Arc<[String]> {
+        names
+            .iter()
+            .map(|name| format!("{}{}", self.config.key_prefix, name))
+            .collect()
+    }
+}
+
+/// Checks resource names (at least one, at most [`MAX_RESOURCES`], none empty, no
+/// duplicates) in time linear in their number, and returns them.
+pub(crate) fn resource_names(resources: &[impl AsRef<str>]) -> Result<Vec<String>, InvalidInput> {
+    if resources.is_empty() {
+        return Err(InvalidInput::NoResources);
+    }
+    if resources.len() > MAX_RESOURCES {
+        return Err(InvalidInput::TooManyResources {
+            given: resources.len(),
+            max: MAX_RESOURCES,
+        });
+    }
+    let mut seen: HashSet<&str> = HashSet::with_capacity(resources.len());
+    let mut names: Vec<String> = Vec::with_capacity(resources.len());
+    for (index, resource) in resources.iter().enumerate() {
+        let name = resource.as_ref();
+        if name.is_empty() {
+            return Err(InvalidInput::EmptyResource { index });
+        }
+        if !seen.insert(name) {
+            return Err(InvalidInput::DuplicateResource {
+                resource: name.to_owned(),
+            });
+        }
+        names.push(name.to_owned());
+    }
+    Ok(names)
 }
 
 impl Held {

@@ -9,6 +9,7 @@ use crate::acquisition;
 use crate::clock;
 use crate::error::Error;
 use crate::inner::Shared;
+use crate::inspect::{self, Inspection};
 use crate::lock::Lock;
 use crate::quorum;
 use crate::using::{self, Signal};
@@ -259,6 +260,51 @@ impl Redlock {
         let acquired = acquisition::acquire(shared, &target).await;
         crate::metrics::acquisition(acquired.as_ref().map(|_| ()), clock::since(started));
         using::scope(Lock::new(acquired?), policy, &shared.config, routine).await
+    }
+
+    /// Reads what every node holds at the keys of `resources`: per node, whether each key
+    /// exists, a short prefix of the holder's token and its remaining TTL (or the node's
+    /// error); [`Inspection::views`] then gives the quorum view of each resource, e.g. "held
+    /// by one owner on 4/5 nodes, ~12.3 s left".
+    ///
+    /// The report is **advisory**: a snapshot taken outside the lock protocol, stale as soon
+    /// as it returns. Use it to look, never to decide whether to write.
+    ///
+    /// ```no_run
+    /// # async fn run(redlock: redfence::Redlock) -> Result<(), redfence::Error> {
+    /// let report = redlock.inspect(&["invoice:4821"]).await?;
+    /// for view in report.views() {
+    ///     println!("{}: {view}", view.resource); // e.g. "held by one owner (1f0c9a2e) on 3/3 nodes, ~4.2 s left"
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for no, empty or duplicate resources or more than
+    /// [`MAX_RESOURCES`](crate::MAX_RESOURCES), before any traffic. A node that fails is reported in the
+    /// [`Inspection`], not as an error.
+    pub async fn inspect(&self, resources: &[impl AsRef<str>]) -> Result<Inspection, Error> {
+        inspect::read(&self.shared, resources, false).await
+    }
+
+    /// Deletes the keys of `resources` on every node **whoever holds them**, and reports what
+    /// each node held just before (the same report as [`inspect`](Self::inspect)): the
+    /// operator's break-glass for a lock whose owner is gone for good.
+    ///
+    /// **Dangerous.** If the owner is still running, another process can now take the lock
+    /// while it works: two owners at once. Only fencing ([`crate::FencingCounter`]), with
+    /// storage that rejects stale tokens, keeps that safe. A node that failed still holds its
+    /// key until it expires; the lock is free once a majority has deleted it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`], as for [`inspect`](Self::inspect), before any traffic.
+    pub async fn force_release(&self, resources: &[impl AsRef<str>]) -> Result<Inspection, Error> {
+        let report = inspect::read(&self.shared, resources, true).await?;
+        tracing::warn!(resources = ?report.resources, deleted = report.present(), "forced release");
+        Ok(report)
     }
 
     /// Shuts the lock manager down gracefully: refuses new acquisitions from now on (they fail

@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 
-use super::{Node, Op, Request};
+use super::{KeyRow, Node, Op, Request};
 use crate::error::NodeFailure;
 
 /// How a fake node answers one kind of request.
@@ -198,6 +198,41 @@ impl Node for FakeNode {
                 s[slot].ended = Some(Instant::now());
             }
             result
+        })
+    }
+
+    fn inspect(
+        &self,
+        keys: Arc<[String]>,
+        delete: bool,
+    ) -> BoxFuture<'static, Result<Vec<KeyRow>, NodeFailure>> {
+        let inner = Arc::clone(&self.inner);
+        Box::pin(async move {
+            let mut held = inner.keys.lock().map_err(|_| {
+                NodeFailure::Reply(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "poisoned",
+                )))
+            })?;
+            let now = Instant::now();
+            held.retain(|_, (_, expires)| *expires > now);
+            let rows = keys
+                .iter()
+                .map(|k| match held.get(k) {
+                    Some((token, expires)) => (
+                        "string".to_owned(),
+                        Some(token.clone().into_bytes()),
+                        i64::try_from((*expires - now).as_millis()).unwrap_or(i64::MAX),
+                    ),
+                    None => ("none".to_owned(), None, -2),
+                })
+                .collect();
+            if delete {
+                for k in keys.iter() {
+                    held.remove(k);
+                }
+            }
+            Ok(rows)
         })
     }
 

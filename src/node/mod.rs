@@ -43,9 +43,22 @@ pub(crate) trait Node: Send + Sync {
     /// bounds it with the node timeout.
     fn call(&self, req: &Request) -> BoxFuture<'static, Result<i64, NodeFailure>>;
 
+    /// Reads each key's type, value (if a string) and PTTL in one atomic script; with
+    /// `delete`, then deletes every key that exists, whoever holds it (the operator's forced
+    /// release). Outside the lock protocol. The caller bounds it with the node timeout.
+    fn inspect(
+        &self,
+        keys: Arc<[String]>,
+        delete: bool,
+    ) -> BoxFuture<'static, Result<Vec<KeyRow>, NodeFailure>>;
+
     /// The node's address (host, port and database, never credentials), for error messages.
     fn addr(&self) -> &str;
 }
+
+/// One key as a node holds it: its `TYPE` (`none` when absent), its value when it is a
+/// string, and its `PTTL` in milliseconds (-2: no key, -1: no expiry).
+pub(crate) type KeyRow = (String, Option<Vec<u8>>, i64);
 
 /// The nodes of a lock manager, in the order the builder was given them.
 pub(crate) type Nodes = [Arc<dyn Node>];

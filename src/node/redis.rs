@@ -9,13 +9,17 @@ use redis::{Client, Script};
 use tokio::sync::OnceCell;
 use tokio_util::task::TaskTracker;
 
-use super::{Node, Op, Request};
+use super::{KeyRow, Node, Op, Request};
 use crate::error::NodeFailure;
 
 static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
 static EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/extend.lua")));
+static INSPECT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/inspect.lua")));
+static FORCE_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/force_release.lua")));
 static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/release.lua")));
 
@@ -142,6 +146,21 @@ impl Node for RedisNode {
                 }
                 Err(err) => Err(err.into()),
             }
+        })
+    }
+
+    fn inspect(
+        &self,
+        keys: Arc<[String]>,
+        delete: bool,
+    ) -> BoxFuture<'static, Result<Vec<KeyRow>, NodeFailure>> {
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move {
+            let mut conn = shared.connection().await?;
+            let script: &Script = if delete { &FORCE_RELEASE } else { &INSPECT };
+            let mut invocation = script.prepare_invoke();
+            invocation.key(&*keys);
+            Ok(invocation.invoke_async(&mut conn).await?)
         })
     }
 

@@ -1,0 +1,177 @@
+//! The command line: `redfence [GLOBAL OPTIONS] run|status|release ...`.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::{ArgAction, Args, Parser, Subcommand};
+
+use crate::exit;
+
+/// Run a command under a Redlock held on a majority of independent Redis masters; inspect
+/// and break locks.
+#[derive(Debug, Parser)]
+#[command(name = "redfence", version, propagate_version = true, after_help = exit::TABLE)]
+pub struct Cli {
+    /// Options every command takes.
+    #[command(flatten)]
+    pub common: Common,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options every command takes.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Global options")]
+pub struct Common {
+    /// Redis masters, comma-separated or repeated (redis://host:port/db, rediss://...)
+    #[arg(long, env = "REDFENCE_NODES", value_delimiter = ',', global = true)]
+    pub nodes: Vec<String>,
+
+    /// A prefix put before every resource name to form its Redis key
+    #[arg(long, env = "REDFENCE_KEY_PREFIX", default_value = "", global = true)]
+    pub key_prefix: String,
+
+    /// The longest one call to one node may take
+    #[arg(long, env = "REDFENCE_NODE_TIMEOUT", default_value = "50ms",
+          value_parser = duration, global = true)]
+    pub node_timeout: Duration,
+
+    /// More log output on stderr (-v debug, -vv trace); RUST_LOG overrides
+    #[arg(short, long, action = ArgAction::Count, global = true, conflicts_with = "quiet")]
+    pub verbose: u8,
+
+    /// Only errors on stderr
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a command while holding the lock: extended while it runs, released when it exits
+    #[command(after_help = exit::TABLE)]
+    Run(RunArgs),
+    /// Show who holds resources on each node, and the quorum view (advisory)
+    Status(StatusArgs),
+    /// Break-glass: delete the lock keys on every node, whoever holds them
+    Release(ReleaseArgs),
+}
+
+/// `redfence run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// A resource to lock (repeatable). Default: "redfence:run:" and the 64-bit FNV-1a hash
+    /// of the command line, in hex
+    #[arg(short, long = "resource", value_name = "RESOURCE")]
+    pub resources: Vec<String>,
+
+    /// The lock's time to live; it is extended while the command runs
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub ttl: Duration,
+
+    /// Wait up to this long for a busy lock (default: do not wait)
+    #[arg(short, long, value_parser = duration, value_name = "DURATION")]
+    pub wait: Option<Duration>,
+
+    /// Do not wait for a busy lock: exit with the busy code at once (the default)
+    #[arg(long, conflicts_with = "wait")]
+    pub no_wait: bool,
+
+    /// Keep the lock at least this long after acquiring it, even when the command is done
+    /// sooner (so that a clock-skewed twin cannot run the same slot)
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub min_hold: Option<Duration>,
+
+    /// Hold the lock at most this long: then the command gets SIGTERM and redfence exits 79
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub max_hold: Option<Duration>,
+
+    /// The grace between SIGTERM and SIGKILL when the lock is lost
+    #[arg(long, default_value = "10s", value_parser = duration, value_name = "DURATION")]
+    pub kill_after: Duration,
+
+    /// The exit code when the lock is busy and the command did not run
+    #[arg(long, default_value_t = exit::BUSY, value_name = "N")]
+    pub busy_exit_code: u8,
+
+    /// A fencing counter: redis://... or postgres://... (passed as REDFENCE_FENCE)
+    #[arg(long, env = "REDFENCE_FENCING", value_name = "URL")]
+    pub fencing: Option<String>,
+
+    /// Run the command line with /bin/sh -c (its words joined with spaces)
+    #[arg(long)]
+    pub shell: bool,
+
+    /// The command and its arguments, after `--`. It gets REDFENCE_RESOURCES (comma-separated),
+    /// REDFENCE_TTL_MS and, with --fencing, REDFENCE_FENCE
+    #[arg(required = true, last = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+/// `redfence status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Print JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
+
+    /// The resources to look at
+    #[arg(required = true, value_name = "RESOURCE")]
+    pub resources: Vec<String>,
+}
+
+/// `redfence release`.
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    /// Required: delete the keys whoever holds them
+    #[arg(long, required = true)]
+    pub force: bool,
+
+    /// Do not ask for confirmation (needed when stdin is not a terminal)
+    #[arg(short, long)]
+    pub yes: bool,
+
+    /// The resources to free
+    #[arg(required = true, value_name = "RESOURCE")]
+    pub resources: Vec<String>,
+}
+
+/// A duration in humantime form: `500ms`, `30s`, `5m`, `1h 30m`.
+fn duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text).map_err(|err| format!("{err} (e.g. 500ms, 30s, 5m)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_takes_the_command_after_its_options() {
+        let cli = Cli::try_parse_from([
+            "redfence",
+            "--nodes",
+            "redis://a:1,redis://b:2",
+            "run",
+            "--ttl",
+            "5s",
+            "--",
+            "echo",
+            "-n",
+            "hi",
+        ])
+        .expect("parses");
+        assert_eq!(cli.common.nodes.len(), 2);
+        let Command::Run(run) = cli.command else {
+            panic!("not run");
+        };
+        assert_eq!(run.ttl, Duration::from_secs(5));
+        assert_eq!(run.command, ["echo", "-n", "hi"]);
+    }
+}

@@ -1,0 +1,243 @@
+//! `redfence run`: wait for the lock, run the command under `using()`, stop it if the lock
+//! is lost, keep the lock for `--min-hold`.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::time::Duration;
+
+use redfence::{Backoff, Error, Redlock, Signal};
+
+/// How long the fencing counter may take to issue a token (the library's default).
+const FENCING_TIMEOUT: Duration = Duration::from_secs(1);
+use tokio::time::Instant;
+
+use crate::args::{Common, RunArgs};
+use crate::child::{self, LockEnv, Spec};
+use crate::exit::{self, Failure};
+use crate::setup;
+use crate::signals::{self, Signals};
+use crate::waiting::Waiting;
+
+/// How many attempts a lock gets when nodes failed (rather than refused), whatever `--wait`.
+const MIN_ATTEMPTS: u32 = 3;
+
+/// Why a `using()` scope ended without the command's exit code.
+enum Stop {
+    /// The lock was not acquired.
+    Lock(Error),
+    /// Anything else (the command could not start, the lock was lost, ...).
+    Failure(Failure),
+}
+
+impl From<Error> for Stop {
+    fn from(error: Error) -> Self {
+        Stop::Lock(error)
+    }
+}
+
+impl From<Failure> for Stop {
+    fn from(failure: Failure) -> Self {
+        Stop::Failure(failure)
+    }
+}
+
+/// Runs the command under the lock; returns its exit code (or 128+N).
+///
+/// Waiting is our own loop, so that it can show progress: one `using()` attempt at a time
+/// (`retry_count(0)`), then the default retry delay (200 ms ± 100 ms), until `--wait` runs
+/// out; failed nodes get [`MIN_ATTEMPTS`] attempts even without `--wait`. A signal while
+/// waiting ends the wait: the command never runs.
+pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
+    if let (Some(min), Some(max)) = (args.min_hold, args.max_hold)
+        && min > max
+    {
+        return Err(Failure::usage(format!(
+            "--min-hold ({}) exceeds --max-hold ({})",
+            humantime::format_duration(min),
+            humantime::format_duration(max)
+        )));
+    }
+    let resources = if args.resources.is_empty() {
+        vec![default_resource(&args.command)]
+    } else {
+        args.resources.clone()
+    };
+    let redlock = redlock(common, args)?;
+    let mut signals = Signals::catch()?;
+    let wait = match (args.no_wait, args.wait) {
+        (false, Some(wait)) => wait,
+        _ => Duration::ZERO,
+    };
+    let deadline = Instant::now() + wait;
+    // The default delays, for as long as `--wait` lasts (the deadline ends the loop).
+    let mut delays = Backoff::DEFAULT.retries(u32::MAX).delays();
+    let mut waiting = Waiting::new(&resources, wait, common.quiet);
+    let spec = Spec {
+        argv: args.command.clone(),
+        shell: args.shell,
+    };
+    let mut attempts: u32 = 0;
+    loop {
+        let scope = Scope {
+            spec: &spec,
+            args,
+            resources: &resources,
+            signals: &mut signals,
+        };
+        let outcome = redlock
+            .using(&resources, args.ttl, |signal| scope.supervise(signal))
+            .await;
+        let error = match outcome {
+            Ok(code) => return Ok(code),
+            Err(Stop::Failure(failure)) => return Err(failure),
+            Err(Stop::Lock(error)) => error,
+        };
+        attempts += 1;
+        let delay = delays.next().unwrap_or(Duration::from_millis(200));
+        let in_time = Instant::now() + delay <= deadline;
+        // A cold connection (the first call of a fresh process) can miss a short node
+        // timeout: give failed nodes a few attempts even without --wait. Contention obeys
+        // --wait alone.
+        let unreachable = !matches!(error, Error::Contended { .. });
+        let retry = in_time || (unreachable && attempts < MIN_ATTEMPTS);
+        if !error.is_retryable() || !retry {
+            waiting.finish();
+            return Err(not_acquired(&error, args.busy_exit_code));
+        }
+        waiting.update(&error);
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            signal = signals.recv() => {
+                waiting.finish();
+                tracing::info!(?signal, "signal while waiting for the lock: the command did not run");
+                return Ok(signals::exit_code(signal));
+            }
+        }
+    }
+}
+
+/// The lock manager for `run`: one attempt per `using()` call, `--max-hold`, `--fencing`.
+fn redlock(common: &Common, args: &RunArgs) -> Result<Redlock, Failure> {
+    let mut builder = setup::builder(common)?.retry_count(0);
+    if let Some(max) = args.max_hold {
+        builder = builder.max_hold(max);
+    }
+    if let Some(url) = &args.fencing {
+        builder = setup::with_fencing(builder, url, FENCING_TIMEOUT)?;
+    }
+    setup::build(builder)
+}
+
+/// The failure for a lock that was not acquired. Busy is expected (cron on many machines):
+/// it is logged at info level, so `-q` keeps it silent.
+fn not_acquired(error: &Error, busy: u8) -> Failure {
+    let failure = Failure::from_lock_error(error, busy);
+    if matches!(
+        error,
+        Error::Contended { .. } | Error::AcquireTimeout { .. }
+    ) {
+        tracing::info!("busy, the command did not run: {error}");
+        return Failure::new(failure.code, String::new());
+    }
+    failure
+}
+
+/// What one `using()` scope needs.
+struct Scope<'a> {
+    spec: &'a Spec,
+    args: &'a RunArgs,
+    resources: &'a [String],
+    signals: &'a mut Signals,
+}
+
+impl Scope<'_> {
+    /// The routine run under the lock: the command, signal forwarding, loss, `--min-hold`.
+    async fn supervise(self, signal: Signal) -> Result<u8, Stop> {
+        let acquired = Instant::now();
+        tracing::info!(fence = ?signal.fence(), resources = ?self.resources, "lock acquired");
+        let env = LockEnv {
+            fence: signal.fence(),
+            resources: self.resources,
+            ttl_ms: self.args.ttl.as_millis(),
+        };
+        let mut child = child::spawn(self.spec, &env)?;
+        let status = loop {
+            tokio::select! {
+                status = child.wait() => break status.map_err(|err| {
+                    Failure::new(exit::SOFTWARE, format!("waiting for the command: {err}"))
+                })?,
+                error = signal.aborted() => {
+                    tracing::error!(
+                        "{error}: stopping the command (SIGTERM, SIGKILL after {})",
+                        humantime::format_duration(self.args.kill_after)
+                    );
+                    let status = child::terminate(&mut child, self.args.kill_after).await?;
+                    return Err(Failure::new(
+                        exit::LOST,
+                        format!(
+                            "the lock was lost while the command ran ({error}); it was stopped and exited with {}",
+                            child::exit_code(status)
+                        ),
+                    )
+                    .into());
+                }
+                received = self.signals.recv() => {
+                    tracing::info!(signal = ?received, "forwarding to the command");
+                    child::send(&child, received);
+                }
+            }
+        };
+        let code = child::exit_code(status);
+        if let Some(min_hold) = self.args.min_hold {
+            hold_until(acquired + min_hold, &signal, self.signals).await;
+        }
+        Ok(code)
+    }
+}
+
+/// Keeps the lock (stays in the scope) until `until`, unless it is lost or a signal comes.
+async fn hold_until(until: Instant, signal: &Signal, signals: &mut Signals) {
+    if Instant::now() >= until {
+        return;
+    }
+    tracing::debug!("keeping the lock for --min-hold");
+    tokio::select! {
+        () = tokio::time::sleep_until(until) => {}
+        error = signal.aborted() => tracing::warn!("during --min-hold: {error}"),
+        received = signals.recv() => {
+            tracing::info!(signal = ?received, "ending --min-hold early");
+        }
+    }
+}
+
+/// The resource for a command line: `redfence:run:` and the 64-bit FNV-1a hash of its words,
+/// each followed by a NUL byte, in 16 hex digits. Stable across builds and machines.
+pub fn default_resource(words: &[impl AsRef<OsStr>]) -> String {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut hash = OFFSET;
+    for word in words {
+        for &byte in word.as_ref().as_bytes().iter().chain(&[0u8]) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(PRIME);
+        }
+    }
+    format!("redfence:run:{hash:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_resource_is_fnv1a_of_the_words() {
+        // FNV-1a 64 of the empty input is its offset basis; of "a\0" computed by hand.
+        assert_eq!(
+            default_resource(&[] as &[&str]),
+            "redfence:run:cbf29ce484222325"
+        );
+        assert_eq!(default_resource(&["a"]), default_resource(&["a"]));
+        assert_ne!(default_resource(&["a", "b"]), default_resource(&["ab"]));
+        assert_ne!(default_resource(&["ab"]), default_resource(&["a b"]));
+    }
+}

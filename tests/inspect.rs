@@ -1,0 +1,101 @@
+//! `Redlock::inspect` and `Redlock::force_release` against real redis-server processes.
+
+mod support;
+
+use std::time::Duration;
+
+use redfence::{Error, InvalidInput, KeyState, NodeFailure, TOKEN_PREFIX_LEN};
+use support::Servers;
+
+#[tokio::test]
+async fn inspect_reports_each_node_and_the_quorum_view() {
+    let mut servers = Servers::start(5);
+    let redlock = servers
+        .builder()
+        .key_prefix("locks:")
+        .node_timeout(Duration::from_millis(500))
+        .build()
+        .expect("valid config");
+    let lock = redlock
+        .acquire(&["job"], Duration::from_secs(20))
+        .await
+        .expect("acquire");
+    // Node 4 loses its key, node 3 dies, and "other" holds a hash on node 0.
+    let _: i64 = servers.cmd(4, &["DEL", "locks:job"]);
+    servers.kill(3);
+    let _: i64 = servers.cmd(0, &["HSET", "locks:other", "f", "v"]);
+
+    let report = redlock.inspect(&["job", "other"]).await.expect("inspect");
+    assert_eq!(report.keys, ["locks:job", "locks:other"]);
+    assert_eq!(report.quorum, 3);
+    assert_eq!(report.answered(), 4);
+    let prefix = &lock.token()[..TOKEN_PREFIX_LEN];
+    for i in [0, 1, 2] {
+        let keys = report.nodes[i].keys.as_ref().expect("answered");
+        match &keys[0] {
+            KeyState::Held { token_prefix, ttl } => {
+                assert_eq!(token_prefix, prefix);
+                let ttl = ttl.expect("expires");
+                assert!(ttl > Duration::from_secs(10) && ttl <= Duration::from_secs(20));
+            }
+            other => panic!("node {i}: {other:?}"),
+        }
+    }
+    assert!(matches!(
+        report.nodes[3].keys,
+        Err(NodeFailure::Connection(_) | NodeFailure::Timeout(_))
+    ));
+    assert_eq!(
+        report.nodes[4].keys.as_ref().expect("answered")[0],
+        KeyState::Absent
+    );
+
+    let job = report.view(0);
+    let owner = job.owner().expect("held by a majority");
+    assert_eq!(owner.nodes, [0, 1, 2]);
+    assert_eq!((job.absent, job.failed), (1, 1));
+    let text = job.to_string();
+    assert!(
+        text.starts_with(&format!("held by one owner ({prefix}) on 3/5 nodes, ~")),
+        "{text}"
+    );
+    let other = report.view(1);
+    assert!(other.owner().is_none());
+    assert_eq!(other.foreign, 1);
+    assert!(other.is_free(), "absent on 3 of the 4 nodes that answered");
+
+    // Inspection is read-only: the lock is still ours.
+    lock.release().await.expect("release after inspect");
+}
+
+#[tokio::test]
+async fn force_release_deletes_whoever_holds_it() {
+    let servers = Servers::start(3);
+    let redlock = servers.redlock();
+    let lock = redlock
+        .acquire(&["job"], Duration::from_secs(20))
+        .await
+        .expect("acquire");
+    let before = redlock.force_release(&["job"]).await.expect("force");
+    assert_eq!(before.present(), 3, "it reports what it deleted");
+    for i in 0..3 {
+        assert_eq!(servers.get(i, "job"), None);
+    }
+    let next = redlock
+        .try_acquire(&["job"], Duration::from_secs(5))
+        .await
+        .expect("free after a forced release");
+    next.release().await.expect("release");
+    drop(lock);
+
+    let bad = redlock.force_release(&["a", "a"]).await;
+    assert!(matches!(
+        bad,
+        Err(Error::InvalidInput(InvalidInput::DuplicateResource { .. }))
+    ));
+    let none: &[&str] = &[];
+    assert!(matches!(
+        redlock.inspect(none).await,
+        Err(Error::InvalidInput(InvalidInput::NoResources))
+    ));
+}
