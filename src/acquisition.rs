@@ -10,6 +10,7 @@ use crate::guard::DropGuard;
 use crate::inner::{Held, Shared, Target};
 use crate::node::Op;
 use crate::quorum::{self, Failed, Settled};
+use crate::trace;
 
 /// A lock a majority granted, with its validity and fence: what `Lock` is made of.
 pub(crate) struct Acquired {
@@ -29,6 +30,7 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, target: &Target) -> Result<Acq
     let mut attempts: u32 = 0;
     loop {
         attempts = attempts.saturating_add(1);
+        trace::attempts(attempts);
         let failed = match attempt(shared, target).await {
             Ok(acquired) => return Ok(acquired),
             Err(failed) if !failed.is_retryable() => {

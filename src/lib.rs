@@ -81,6 +81,7 @@ mod node;
 mod quorum;
 mod redlock;
 mod retry;
+mod trace;
 mod using;
 
 pub use builder::{NodeAddr, RedlockBuilder};

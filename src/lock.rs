@@ -3,6 +3,8 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
+
 use crate::acquisition::Acquired;
 use crate::clock;
 use crate::error::{Error, LossReason};
@@ -10,6 +12,7 @@ use crate::guard::DropGuard;
 use crate::inner::{Held, validate_ttl};
 use crate::node::Op;
 use crate::quorum::{self, Until};
+use crate::trace;
 
 /// A lock held on a majority of nodes, until [`expires_at`](Lock::expires_at).
 ///
@@ -93,6 +96,14 @@ impl Lock {
     /// - [`Error::QuorumUnreachable`] when too many nodes failed to confirm it.
     /// - [`Error::NoValidity`] when the majority answered too late.
     pub async fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+        let span = trace::extend_span(&self.held.target.resources, self.quorum());
+        let started = clock::now();
+        let result = self.extend_round(ttl).instrument(span.clone()).await;
+        trace::outcome(&span, result.as_ref().map(|()| "extended"), started);
+        result
+    }
+
+    async fn extend_round(&mut self, ttl: Duration) -> Result<(), Error> {
         let drift_factor = self.held.shared.config.drift_factor;
         let ttl = validate_ttl(ttl, drift_factor)?;
         if self.is_expired() {
@@ -108,6 +119,7 @@ impl Lock {
         let round = self.held.round(Op::Extend, ttl, Until::Granted).await;
         let elapsed = clock::since(start);
         let (tally, settled) = round.into_parts(&self.held.shared.tasks);
+        tally.trace();
         self.held.settled = settled;
         if !tally.reached() {
             return Err(tally.extend_error(&self.held.target.resources));
@@ -148,16 +160,30 @@ impl Lock {
     }
 
     async fn release_until(mut self, until: Until) -> Result<(), Error> {
+        let span = trace::release_span(&self.held.target.resources, self.quorum());
+        let started = clock::now();
         let ttl = self.held.target.ttl;
-        let round = self.held.round(Op::Release, ttl, until).await;
+        let round = self
+            .held
+            .round(Op::Release, ttl, until)
+            .instrument(span.clone())
+            .await;
         let (tally, _) = round.into_parts(&self.held.shared.tasks);
+        let _entered = span.enter();
+        tally.trace();
         // Only now: a release dropped half-way still releases in the background.
         self.held.disarm();
-        if tally.answered() >= tally.quorum() {
+        let result = if tally.answered() >= tally.quorum() {
             Ok(())
         } else {
             Err(tally.unreachable())
-        }
+        };
+        trace::outcome(&span, result.as_ref().map(|()| "released"), started);
+        result
+    }
+
+    fn quorum(&self) -> usize {
+        quorum::quorum(self.held.shared.nodes.len())
     }
 
     fn lost(&self, reason: LossReason) -> Error {

@@ -2,7 +2,7 @@
 //!
 //! | name | kind | labels | what |
 //! |---|---|---|---|
-//! | `redfence_acquire_total` | counter | `result` | acquire calls by outcome: `acquired`, `contended`, `unreachable`, `no_validity`, `timeout`, `fencing`, `invalid`, `other` |
+//! | `redfence_acquire_total` | counter | `result` | acquire calls by outcome: `acquired`, `contended`, `unreachable`, `no_validity`, `timeout`, `fencing`, `invalid`, `closed` |
 //! | `redfence_acquire_duration_seconds` | histogram | `result` | how long acquire calls took, retries included |
 //! | `redfence_extension_total` | counter | `result` | `using()` extension rounds: `extended`, `failed` |
 //! | `redfence_lock_lost_total` | counter | `reason` | `using()` signals aborted: `expired`, `not_held`, `unconfirmed`, `renewal_limit` |
@@ -19,17 +19,7 @@ use crate::error::Error;
 pub(crate) fn acquisition(result: Result<(), &Error>, took: Duration) {
     #[cfg(feature = "metrics")]
     {
-        let result = match result {
-            Ok(_) => "acquired",
-            Err(Error::Contended { .. }) => "contended",
-            Err(Error::QuorumUnreachable { .. }) => "unreachable",
-            Err(Error::NoValidity { .. }) => "no_validity",
-            Err(Error::AcquireTimeout { .. }) => "timeout",
-            Err(Error::Fencing(_)) => "fencing",
-            Err(Error::InvalidInput(_)) => "invalid",
-            Err(Error::Closed) => "closed",
-            Err(_) => "other",
-        };
+        let result = result.map_or_else(Error::label, |()| "acquired");
         metrics::counter!("redfence_acquire_total", "result" => result).increment(1);
         metrics::histogram!("redfence_acquire_duration_seconds", "result" => result)
             .record(took.as_secs_f64());

@@ -5,13 +5,16 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use crate::acquisition;
 use crate::clock;
 use crate::error::Error;
-use crate::inner::Shared;
+use crate::inner::{Shared, validate_ttl};
 use crate::inspect::{self, Inspection};
 use crate::lock::Lock;
 use crate::quorum;
+use crate::trace;
 use crate::using::{self, Signal};
 
 /// A distributed lock manager over N independent Redis masters (the Redlock algorithm).
@@ -91,15 +94,7 @@ impl Redlock {
         resources: &[impl AsRef<str>],
         ttl: Duration,
     ) -> Result<Lock, Error> {
-        let started = clock::now();
-        let result = match self.shared.target(resources, ttl) {
-            Ok(target) => acquisition::acquire(&self.shared, &target)
-                .await
-                .map(Lock::new),
-            Err(error) => Err(error.into()),
-        };
-        crate::metrics::acquisition(result.as_ref().map(|_| ()), clock::since(started));
-        result
+        self.acquire_traced(resources, ttl, true).await
     }
 
     /// Makes exactly one attempt to acquire a lock; the same as [`acquire`](Self::acquire)
@@ -109,17 +104,38 @@ impl Redlock {
         resources: &[impl AsRef<str>],
         ttl: Duration,
     ) -> Result<Lock, Error> {
+        self.acquire_traced(resources, ttl, false).await
+    }
+
+    /// `acquire` (with `retry`) or `try_acquire`, in a `redfence.acquire` span, with metrics.
+    async fn acquire_traced(
+        &self,
+        resources: &[impl AsRef<str>],
+        ttl: Duration,
+        retry: bool,
+    ) -> Result<Lock, Error> {
+        let span = trace::acquire_span(resources, self.quorum());
         let started = clock::now();
-        let result = match self.shared.target(resources, ttl) {
-            Ok(target) => match self.shared.check_open() {
-                Ok(()) => acquisition::attempt(&self.shared, &target)
+        let shared = &self.shared;
+        let result = async {
+            let target = shared.target(resources, ttl)?;
+            if retry {
+                acquisition::acquire(shared, &target).await
+            } else {
+                shared.check_open()?;
+                trace::attempts(1);
+                acquisition::attempt(shared, &target)
                     .await
-                    .map(Lock::new)
-                    .map_err(|failed| failed.into_error(&target.resources, 1)),
-                Err(error) => Err(error),
-            },
-            Err(error) => Err(error.into()),
-        };
+                    .map_err(|failed| failed.into_error(&target.resources, 1))
+            }
+        }
+        .instrument(span.clone())
+        .await
+        .map(Lock::new);
+        trace::outcome(&span, result.as_ref().map(|_| "acquired"), started);
+        if let Ok(lock) = &result {
+            trace::fence(&span, lock.fence());
+        }
         crate::metrics::acquisition(result.as_ref().map(|_| ()), clock::since(started));
         result
     }
@@ -253,13 +269,37 @@ impl Redlock {
         Fut: Future<Output = Result<T, E>>,
         E: From<Error>,
     {
-        let shared = &self.shared;
-        let target = shared.target(resources, ttl).map_err(Error::from)?;
-        let policy = using::Policy::new(&shared.config, target.ttl).map_err(Error::from)?;
+        let span = trace::using_span(resources, self.quorum());
         let started = clock::now();
-        let acquired = acquisition::acquire(shared, &target).await;
-        crate::metrics::acquisition(acquired.as_ref().map(|_| ()), clock::since(started));
-        using::scope(Lock::new(acquired?), policy, &shared.config, routine).await
+        let scope = async {
+            let config = &self.shared.config;
+            let policy = validate_ttl(ttl, config.drift_factor)
+                .and_then(|ttl| using::Policy::new(config, ttl));
+            let lock = match policy {
+                Ok(policy) => self
+                    .acquire_traced(resources, ttl, true)
+                    .await
+                    .map(|lock| (lock, policy)),
+                Err(error) => Err(error.into()),
+            };
+            let (lock, policy) = match lock {
+                Ok(acquired) => acquired,
+                Err(error) => {
+                    trace::outcome(&span, Err(&error), started);
+                    return Err(E::from(error));
+                }
+            };
+            trace::fence(&span, lock.fence());
+            let result = using::scope(lock, policy, config, routine).await;
+            let outcome = if result.is_ok() {
+                "done"
+            } else {
+                "routine_error"
+            };
+            trace::outcome(&span, Ok(outcome), started);
+            result
+        };
+        scope.instrument(span.clone()).await
     }
 
     /// Reads what every node holds at the keys of `resources`: per node, whether each key

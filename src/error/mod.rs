@@ -138,6 +138,24 @@ impl Error {
     pub fn is_lock_lost(&self) -> bool {
         matches!(self, Error::LockLost { .. } | Error::RenewalLimit { .. })
     }
+
+    /// A short, stable label for this kind of failure, for metrics and trace fields:
+    /// `contended`, `unreachable`, `no_validity`, `timeout`, `lost`, `renewal_limit`,
+    /// `fencing`, `invalid`, `config`, `closed`.
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            Error::InvalidInput(_) => "invalid",
+            Error::Config(_) => "config",
+            Error::Closed => "closed",
+            Error::Contended { .. } => "contended",
+            Error::QuorumUnreachable { .. } => "unreachable",
+            Error::NoValidity { .. } => "no_validity",
+            Error::AcquireTimeout { .. } => "timeout",
+            Error::LockLost { .. } => "lost",
+            Error::RenewalLimit { .. } => "renewal_limit",
+            Error::Fencing(_) => "fencing",
+        }
+    }
 }
 
 /// The boxed error a [`FencingCounter`](crate::FencingCounter) returns.

@@ -159,6 +159,7 @@ pub(crate) async fn acquire_round(
     let start = clock::now();
     let round = fan_out(nodes, req, node_timeout, Until::Granted, &Settled::none()).await;
     let elapsed = clock::since(start);
+    round.tally.trace();
     let reached = round.tally.reached();
     if reached && let Some(valid) = validity(ttl, elapsed, drift_factor) {
         let (_, settled) = round.into_parts(tasks);
@@ -167,6 +168,7 @@ pub(crate) async fn acquire_round(
     // Let the calls still running land (or time out) first, so that the release follows them
     // on every node; their outcomes complete the error.
     let tally = round.finish(nodes, req.op).await;
+    tally.trace();
     let failed = if reached {
         Failed::Other(Error::NoValidity {
             ttl,

@@ -78,6 +78,11 @@ impl Tally {
         }
     }
 
+    /// Records the votes so far in the current span.
+    pub(crate) fn trace(&self) {
+        crate::trace::votes(self.granted, self.denied, self.errors.len());
+    }
+
     /// A majority granted.
     pub(crate) fn reached(&self) -> bool {
         self.granted >= self.quorum()

@@ -35,6 +35,7 @@ use std::sync::{Arc, OnceLock};
 
 use futures::FutureExt;
 use tokio::sync::{oneshot, watch};
+use tracing::Instrument;
 
 pub(crate) use policy::Policy;
 pub use signal::Signal;
@@ -71,13 +72,10 @@ where
     // Dropping `stop` (when the routine is done, or when this future is dropped) makes the
     // task stop extending and release the lock.
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(task::extension_task(
-        lock,
-        lease,
-        Arc::clone(&state),
-        policy,
-        stopped,
-    ));
+    let task = tokio::spawn(
+        task::extension_task(lock, lease, Arc::clone(&state), policy, stopped)
+            .instrument(tracing::Span::current()),
+    );
 
     let signal = Signal { state };
     let outcome = AssertUnwindSafe(async move { routine(signal).await })

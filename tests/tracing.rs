@@ -1,0 +1,185 @@
+//! Every lock operation runs in a `tracing` span with its figures: captured here with a test
+//! subscriber, against real redis-server processes.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redfence::{Error, MemoryCounter};
+use support::Servers;
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Level, Subscriber};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::{Layer, Registry};
+
+/// A closed span: its name, fields, and its parent's name.
+#[derive(Clone, Debug, Default)]
+struct Captured {
+    name: String,
+    parent: Option<String>,
+    fields: HashMap<String, String>,
+}
+
+#[derive(Clone, Default)]
+struct Capture {
+    closed: Arc<Mutex<Vec<Captured>>>,
+    level: Option<Level>,
+}
+
+struct Fields<'a>(&'a mut HashMap<String, String>);
+
+impl Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>, _: Context<'_, S>) -> bool {
+        self.level.is_none_or(|level| *metadata.level() <= level)
+    }
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else { return };
+        let mut captured = Captured {
+            name: attrs.metadata().name().to_owned(),
+            parent: span.parent().map(|p| p.name().to_owned()),
+            ..Captured::default()
+        };
+        attrs.record(&mut Fields(&mut captured.fields));
+        span.extensions_mut().insert(captured);
+    }
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else { return };
+        if let Some(captured) = span.extensions_mut().get_mut::<Captured>() {
+            values.record(&mut Fields(&mut captured.fields));
+        }
+    }
+    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(&id) else { return };
+        if let Some(captured) = span.extensions().get::<Captured>()
+            && let Ok(mut closed) = self.closed.lock()
+        {
+            closed.push(captured.clone());
+        }
+    }
+}
+
+impl Capture {
+    fn named(&self, name: &str) -> Vec<Captured> {
+        self.closed
+            .lock()
+            .map(|c| c.iter().filter(|s| s.name == name).cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+fn field<'a>(span: &'a Captured, name: &str) -> &'a str {
+    span.fields
+        .get(name)
+        .map(String::as_str)
+        .unwrap_or_else(|| panic!("{} has no field {name}: {span:?}", span.name))
+}
+
+#[tokio::test]
+async fn acquire_extend_release_and_using_run_in_spans_with_their_figures() {
+    let servers = Servers::start(3);
+    let capture = Capture {
+        level: Some(Level::INFO),
+        ..Capture::default()
+    };
+    let _default = tracing::subscriber::set_default(Registry::default().with(capture.clone()));
+    let redlock = servers
+        .builder()
+        .fencing(MemoryCounter::new())
+        .build()
+        .expect("config");
+
+    let mut lock = redlock
+        .acquire(&["secret-invoice", "b"], Duration::from_secs(5))
+        .await
+        .expect("acquire");
+    lock.extend(Duration::from_secs(5)).await.expect("extend");
+    lock.release().await.expect("release");
+    let held = redlock
+        .acquire(&["c"], Duration::from_secs(5))
+        .await
+        .expect("c");
+    let err = redlock
+        .try_acquire(&["c"], Duration::from_secs(5))
+        .await
+        .expect_err("held");
+    assert!(matches!(err, Error::Contended { .. }));
+    held.release().await.expect("release c");
+    redlock
+        .using(&["d"], Duration::from_secs(2), |_| async {
+            Ok::<_, Error>(())
+        })
+        .await
+        .expect("using");
+
+    let acquires = capture.named("redfence.acquire");
+    assert_eq!(acquires.len(), 4, "{acquires:?}");
+    let first = &acquires[0];
+    assert_eq!(field(first, "resources"), "2");
+    assert_eq!(field(first, "quorum"), "2");
+    assert_eq!(field(first, "attempts"), "1");
+    assert_eq!(field(first, "outcome"), "acquired");
+    assert_eq!(field(first, "fence"), "1");
+    assert!(field(first, "granted").parse::<usize>().expect("number") >= 2);
+    assert!(field(first, "duration_ms").parse::<f64>().is_ok());
+    // Names stay out of info-level spans.
+    assert!(!first.fields.contains_key("names"), "{first:?}");
+    let contended = &acquires[2];
+    assert_eq!(field(contended, "outcome"), "contended");
+    assert_eq!(field(contended, "refused"), "3");
+
+    let extends = capture.named("redfence.extend");
+    assert_eq!(extends.len(), 1);
+    assert_eq!(field(&extends[0], "outcome"), "extended");
+    assert!(
+        field(&extends[0], "granted")
+            .parse::<usize>()
+            .expect("number")
+            >= 2
+    );
+    let releases = capture.named("redfence.release");
+    assert!(releases.len() >= 3, "{releases:?}");
+    assert!(releases.iter().all(|r| field(r, "outcome") == "released"));
+
+    // using(): one span over the whole scope, its acquisition and release inside it.
+    let scopes = capture.named("redfence.using");
+    assert_eq!(scopes.len(), 1);
+    assert_eq!(field(&scopes[0], "outcome"), "done");
+    assert_eq!(acquires[3].parent.as_deref(), Some("redfence.using"));
+    assert!(
+        releases
+            .iter()
+            .any(|r| r.parent.as_deref() == Some("redfence.using"))
+    );
+}
+
+#[tokio::test]
+async fn resource_names_are_recorded_at_debug_level_only() {
+    let servers = Servers::start(1);
+    let capture = Capture {
+        level: Some(Level::DEBUG),
+        ..Capture::default()
+    };
+    let _default = tracing::subscriber::set_default(Registry::default().with(capture.clone()));
+    let redlock = servers.redlock();
+    let lock = redlock
+        .acquire(&["invoice:4821"], Duration::from_secs(5))
+        .await
+        .expect("acquire");
+    lock.release().await.expect("release");
+    let acquires = capture.named("redfence.acquire");
+    assert_eq!(acquires.len(), 1);
+    assert!(field(&acquires[0], "names").contains("invoice:4821"));
+}
