@@ -38,6 +38,16 @@ pub enum Event {
         /// Why (also what [`Signal::error`](crate::Signal::error) returns).
         error: Error,
     },
+    /// [`Redlock::check`](crate::Redlock::check) found a node whose `maxmemory-policy` may
+    /// evict lock keys before their TTL ends (anything but `noeviction`).
+    EvictionPolicy {
+        /// The node's position in the order the builder was given.
+        index: usize,
+        /// The node's address, without credentials.
+        addr: String,
+        /// Its `maxmemory-policy`.
+        policy: String,
+    },
     /// A release in the background (drop, or the end of `using()`) failed. The keys expire on
     /// their own at the end of their TTL.
     ReleaseFailed {
@@ -86,12 +96,20 @@ impl EventHook {
             Event::ReleaseFailed { resources, error } => {
                 tracing::warn!(?resources, %error, "lock release failed; keys will expire on their own")
             }
+            Event::EvictionPolicy {
+                index,
+                addr,
+                policy,
+            } => {
+                tracing::warn!(node = index, %addr, %policy, "this node may evict lock keys before their TTL: set maxmemory-policy noeviction")
+            }
         }
         match &event {
             Event::Extended { .. } => crate::metrics::extension(true),
             Event::ExtensionFailed { .. } => crate::metrics::extension(false),
             Event::Aborted { error, .. } => crate::metrics::lock_lost(error),
             Event::ReleaseFailed { .. } => crate::metrics::release_failed(),
+            Event::EvictionPolicy { .. } => {}
         }
         if let Some(hook) = &self.0 {
             // A panicking hook must not take the extension task (and the lock) down with it.

@@ -94,7 +94,9 @@ pub use events::Event;
 pub use fence::PostgresCounter;
 pub use fence::{FencingCounter, MemoryCounter, RedisCounter};
 pub use inner::{MAX_RESOURCES, MAX_TTL};
-pub use inspect::{Holder, Inspection, KeyState, NodeReport, ResourceView, TOKEN_PREFIX_LEN};
+pub use inspect::{
+    Holder, Inspection, KeyState, NodeCheck, NodeReport, ResourceView, TOKEN_PREFIX_LEN,
+};
 pub use lock::Lock;
 pub use redlock::Redlock;
 pub use retry::Backoff;

@@ -11,7 +11,7 @@ use crate::acquisition;
 use crate::clock;
 use crate::error::Error;
 use crate::inner::{Shared, validate_ttl};
-use crate::inspect::{self, Inspection};
+use crate::inspect::{self, Inspection, NodeCheck};
 use crate::lock::Lock;
 use crate::quorum;
 use crate::trace;
@@ -345,6 +345,26 @@ impl Redlock {
         let report = inspect::read(&self.shared, resources, true).await?;
         tracing::warn!(resources = ?report.resources, deleted = report.present(), "forced release");
         Ok(report)
+    }
+
+    /// Reads every node's `maxmemory-policy` and reports it. Each node whose policy may evict
+    /// lock keys before their TTL (anything but `noeviction`) is also reported as
+    /// [`Event::EvictionPolicy`](crate::Event::EvictionPolicy) and logged as a warning: an
+    /// evicted lock key lets a second owner in. Call it once at start-up; it sends one
+    /// `CONFIG GET` per node, each bounded by the node timeout, and never fails as a whole
+    /// (a node that cannot be read says why in its [`NodeCheck`]).
+    ///
+    /// ```no_run
+    /// # async fn run(redlock: redfence::Redlock) {
+    /// for node in redlock.check().await {
+    ///     if node.may_evict_locks() {
+    ///         eprintln!("node {} may evict lock keys: {:?}", node.addr, node.maxmemory_policy);
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub async fn check(&self) -> Vec<NodeCheck> {
+        inspect::check(&self.shared).await
     }
 
     /// Shuts the lock manager down gracefully: refuses new acquisitions from now on (they fail

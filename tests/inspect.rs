@@ -99,3 +99,40 @@ async fn force_release_deletes_whoever_holds_it() {
         Err(Error::InvalidInput(InvalidInput::NoResources))
     ));
 }
+
+#[tokio::test]
+async fn check_warns_about_a_node_that_may_evict_lock_keys() {
+    let servers = Servers::start(3);
+    let _: () = servers.cmd(1, &["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]);
+    let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = std::sync::Arc::clone(&events);
+    let redlock = servers
+        .builder()
+        .on_event(move |e| {
+            if let Ok(mut v) = sink.lock() {
+                v.push(e.clone());
+            }
+        })
+        .build()
+        .expect("config");
+    let checks = redlock.check().await;
+    assert_eq!(checks.len(), 3);
+    let evicting: Vec<usize> = checks
+        .iter()
+        .filter(|c| c.may_evict_locks())
+        .map(|c| c.index)
+        .collect();
+    assert_eq!(evicting, [1]);
+    assert_eq!(
+        checks[0].maxmemory_policy.as_deref().ok(),
+        Some("noeviction")
+    );
+    let events = events.lock().expect("events").clone();
+    assert!(
+        matches!(
+            events.as_slice(),
+            [redfence::Event::EvictionPolicy { index: 1, policy, .. }] if policy == "allkeys-lru"
+        ),
+        "{events:?}"
+    );
+}

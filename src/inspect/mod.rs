@@ -5,15 +5,18 @@
 //! lock protocol: a report is **advisory**, a snapshot that may be stale by the time it is
 //! read. Never decide to write from it; take the lock.
 
+mod health;
 mod report;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{Error, NodeFailure};
+use crate::events::Event;
 use crate::inner::{Shared, resource_names};
 use crate::node::KeyRow;
 
+pub use health::NodeCheck;
 pub use report::{Holder, Inspection, KeyState, NodeReport, ResourceView};
 
 /// How many leading characters of a holder's token a report shows: enough to tell owners
@@ -52,6 +55,39 @@ pub(crate) async fn read(
         quorum: crate::quorum::quorum(shared.nodes.len()),
         nodes,
     })
+}
+
+/// Reads every node's `maxmemory-policy`, each call bounded by the node timeout, and warns
+/// (through `tracing` and the event hook) about each node that may evict lock keys.
+pub(crate) async fn check(shared: &Shared) -> Vec<NodeCheck> {
+    let timeout = shared.config.node_timeout;
+    let calls = shared.nodes.iter().enumerate().map(|(index, node)| {
+        let call = node.eviction_policy();
+        async move {
+            let maxmemory_policy = match tokio::time::timeout(timeout, call).await {
+                Ok(policy) => policy,
+                Err(_) => Err(NodeFailure::Timeout(timeout)),
+            };
+            NodeCheck {
+                index,
+                addr: node.addr().to_owned(),
+                maxmemory_policy,
+            }
+        }
+    });
+    let checks = futures::future::join_all(calls).await;
+    for check in &checks {
+        if check.may_evict_locks()
+            && let Ok(policy) = &check.maxmemory_policy
+        {
+            shared.config.events.emit(Event::EvictionPolicy {
+                index: check.index,
+                addr: check.addr.clone(),
+                policy: policy.clone(),
+            });
+        }
+    }
+    checks
 }
 
 /// One node's script reply: one `(type, value, pttl)` row per key.

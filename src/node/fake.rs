@@ -49,6 +49,8 @@ struct Inner {
     seen: Mutex<Vec<Seen>>,
     /// key -> (token, expires at)
     keys: Mutex<HashMap<String, (String, Instant)>>,
+    /// What `CONFIG GET maxmemory-policy` answers.
+    eviction: Mutex<String>,
 }
 
 impl FakeNode {
@@ -57,6 +59,7 @@ impl FakeNode {
         let node = FakeNode {
             inner: Arc::default(),
         };
+        node.set_eviction_policy("noeviction");
         node.set(Op::Acquire, acquire);
         node.set(Op::Extend, Fake::Real);
         node.set(Op::Release, Fake::Real);
@@ -100,6 +103,13 @@ impl FakeNode {
         keys.get(key)
             .filter(|(_, expires)| *expires > Instant::now())
             .map(|(token, _)| token.clone())
+    }
+
+    /// Makes the node report `policy` as its `maxmemory-policy`.
+    pub(crate) fn set_eviction_policy(&self, policy: &str) {
+        if let Ok(mut p) = self.inner.eviction.lock() {
+            *p = policy.to_owned();
+        }
     }
 
     /// Puts `token` at `key` for `ttl`, as another client would.
@@ -234,6 +244,16 @@ impl Node for FakeNode {
             }
             Ok(rows)
         })
+    }
+
+    fn eviction_policy(&self) -> BoxFuture<'static, Result<String, NodeFailure>> {
+        let policy = self
+            .inner
+            .eviction
+            .lock()
+            .map(|p| p.clone())
+            .unwrap_or_default();
+        Box::pin(async move { Ok(policy) })
     }
 
     fn addr(&self) -> &str {

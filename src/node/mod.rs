@@ -52,6 +52,10 @@ pub(crate) trait Node: Send + Sync {
         delete: bool,
     ) -> BoxFuture<'static, Result<Vec<KeyRow>, NodeFailure>>;
 
+    /// The server's `maxmemory-policy` (`CONFIG GET`). The caller bounds it with the node
+    /// timeout.
+    fn eviction_policy(&self) -> BoxFuture<'static, Result<String, NodeFailure>>;
+
     /// The node's address (host, port and database, never credentials), for error messages.
     fn addr(&self) -> &str;
 }

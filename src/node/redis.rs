@@ -164,6 +164,24 @@ impl Node for RedisNode {
         })
     }
 
+    fn eviction_policy(&self) -> BoxFuture<'static, Result<String, NodeFailure>> {
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move {
+            let mut conn = shared.connection().await?;
+            let reply: Vec<String> = redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("maxmemory-policy")
+                .query_async(&mut conn)
+                .await?;
+            reply.into_iter().nth(1).ok_or_else(|| {
+                NodeFailure::Reply(redis::RedisError::from((
+                    redis::ErrorKind::UnexpectedReturnType,
+                    "CONFIG GET maxmemory-policy returned no value",
+                )))
+            })
+        })
+    }
+
     fn addr(&self) -> &str {
         &self.addr
     }
