@@ -24,7 +24,7 @@ pub struct Cli {
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Global options")]
 pub struct Common {
-    /// Redis masters, comma-separated or repeated (redis://host:port/db, rediss://...)
+    /// Redis masters, comma-separated or repeated (redis://[user:password@]host:port/db)
     #[arg(long, env = "REDFENCE_NODES", value_delimiter = ',', global = true)]
     pub nodes: Vec<String>,
 

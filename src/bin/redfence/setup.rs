@@ -27,7 +27,7 @@ pub fn build(builder: RedlockBuilder) -> Result<Redlock, Failure> {
         .map_err(|err| Failure::usage(err.to_string()))
 }
 
-/// Adds the fencing counter named by `url`: `redis://`/`rediss://` (a `RedisCounter`) or
+/// Adds the fencing counter named by `url`: `redis://` (a `RedisCounter`) or
 /// `postgres://`/`postgresql://` (a `PostgresCounter`). Nothing is connected yet.
 pub fn with_fencing(
     builder: RedlockBuilder,
