@@ -73,11 +73,6 @@ impl LocalCluster {
         LocalCluster { servers, proxies }
     }
 
-    /// The servers behind the proxies.
-    pub fn servers(&self) -> &Servers {
-        &self.servers
-    }
-
     /// The proxy in front of node `i`, for latency.
     pub fn proxy(&self, i: usize) -> &Proxy {
         &self.proxies[i]

@@ -22,7 +22,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use super::{Launch, Servers};
@@ -113,6 +113,8 @@ struct NodeClock {
     /// Seconds added to real time.
     offset: f64,
     rate: f64,
+    /// When the running process was spawned: the rate counts from there.
+    spawned: Arc<Mutex<SystemTime>>,
 }
 
 impl NodeClock {
@@ -124,13 +126,13 @@ impl NodeClock {
         std::fs::rename(&tmp, &self.file).expect("replace timestamp file");
     }
 
-    /// Seconds the node's clock is ahead of real time, for a process spawned at `started`.
-    fn ahead(&self, started: SystemTime) -> f64 {
-        let since = SystemTime::now()
-            .duration_since(started)
+    /// Seconds since the running process was spawned.
+    fn since_spawn(&self) -> f64 {
+        let spawned = *self.spawned.lock().expect("spawn time");
+        SystemTime::now()
+            .duration_since(spawned)
             .unwrap_or_default()
-            .as_secs_f64();
-        self.offset + since * (self.rate - 1.0)
+            .as_secs_f64()
     }
 }
 
@@ -151,21 +153,26 @@ impl Clocks {
                     file: dir.path().join(format!("clock-{i}")),
                     offset: 0.0,
                     rate: 1.0,
+                    spawned: Arc::new(Mutex::new(SystemTime::now())),
                 };
                 clock.write();
                 Mutex::new(clock)
             })
             .collect();
-        let servers = Servers::start_launched(n, args, |i| Launch {
-            binary: pieces.valkey.display().to_string(),
-            env: vec![
-                ("LD_PRELOAD".into(), pieces.lib.display().to_string()),
-                ("FAKETIME_NO_CACHE".into(), "1".into()),
-                (
-                    "FAKETIME_TIMESTAMP_FILE".into(),
-                    nodes[i].lock().expect("clock").file.display().to_string(),
-                ),
-            ],
+        let servers = Servers::start_launched(n, args, |i| {
+            let clock = nodes[i].lock().expect("clock");
+            Launch {
+                binary: pieces.valkey.display().to_string(),
+                env: vec![
+                    ("LD_PRELOAD".into(), pieces.lib.display().to_string()),
+                    ("FAKETIME_NO_CACHE".into(), "1".into()),
+                    (
+                        "FAKETIME_TIMESTAMP_FILE".into(),
+                        clock.file.display().to_string(),
+                    ),
+                ],
+                spawned: Some(Arc::clone(&clock.spawned)),
+            }
         });
         (servers, Clocks { _dir: dir, nodes })
     }
@@ -175,12 +182,9 @@ impl Clocks {
     }
 
     /// From now on node `i`'s clock runs at `rate` × real time, without a step.
-    pub fn set_rate(&self, servers: &Servers, i: usize, rate: f64) {
+    pub fn set_rate(&self, i: usize, rate: f64) {
         let mut clock = self.node(i);
-        let since = SystemTime::now()
-            .duration_since(servers.started(i))
-            .unwrap_or_default()
-            .as_secs_f64();
+        let since = clock.since_spawn();
         // Keep `offset + since × (rate − 1)` where it is.
         clock.offset += since * (clock.rate - rate);
         clock.rate = rate;
@@ -201,8 +205,9 @@ impl Clocks {
 
     /// How far node `i`'s clock is ahead of real time, in seconds (as set; see
     /// [`server_ahead`] for what the server says).
-    pub fn ahead(&self, servers: &Servers, i: usize) -> f64 {
-        self.node(i).ahead(servers.started(i))
+    pub fn ahead(&self, i: usize) -> f64 {
+        let clock = self.node(i);
+        clock.offset + clock.since_spawn() * (clock.rate - 1.0)
     }
 }
 

@@ -13,6 +13,7 @@ pub mod proxy;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use redfence::{Redlock, RedlockBuilder};
@@ -31,8 +32,6 @@ struct Server {
     args: Vec<String>,
     launch: Launch,
     child: Option<Child>,
-    /// When the running process was spawned.
-    started: SystemTime,
 }
 
 /// How to start one server: which binary, with which extra environment.
@@ -40,6 +39,8 @@ struct Server {
 pub struct Launch {
     pub binary: String,
     pub env: Vec<(String, String)>,
+    /// Told when each process is spawned (first start and every restart).
+    pub spawned: Option<Arc<Mutex<SystemTime>>>,
 }
 
 impl Default for Launch {
@@ -47,6 +48,7 @@ impl Default for Launch {
         Launch {
             binary: binary(),
             env: Vec::new(),
+            spawned: None,
         }
     }
 }
@@ -85,7 +87,9 @@ impl Server {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;
-        self.started = SystemTime::now();
+        if let Some(spawned) = &self.launch.spawned {
+            *spawned.lock().expect("spawn time") = SystemTime::now();
+        }
         self.child = Some(child);
         Ok(())
     }
@@ -165,7 +169,6 @@ impl Servers {
                         args: args.iter().map(|s| s.to_string()).collect(),
                         launch: launch(i),
                         child: None,
-                        started: SystemTime::now(),
                     };
                     server.spawn().unwrap_or_else(|e| {
                         panic!(
@@ -197,11 +200,6 @@ impl Servers {
     /// The port of server `i`.
     pub fn port(&self, i: usize) -> u16 {
         self.servers[i].port
-    }
-
-    /// When server `i`'s running process was spawned (its last restart).
-    pub fn started(&self, i: usize) -> SystemTime {
-        self.servers[i].started
     }
 
     /// Every server's URL.
