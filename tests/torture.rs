@@ -334,7 +334,14 @@ async fn fault_schedule(
             start,
             end,
         );
-        tokio::time::sleep(Duration::from_millis(rng.random_range(200..1_500))).await;
+        // Every other fault or so, a quiet spell past the end of its window: without one, the
+        // windows would cover the whole run and nothing would be checked outside faults.
+        let next = if rng.random_bool(0.5) {
+            end + Duration::from_millis(rng.random_range(300..1_500))
+        } else {
+            Instant::now() + Duration::from_millis(rng.random_range(200..1_500))
+        };
+        tokio::time::sleep_until(next.into()).await;
     }
 }
 
