@@ -68,7 +68,7 @@ async fn take_under_fault(
             clocks.set_rate(i, RATE);
             // No step when the rate changes (the offset makes up for the time since spawn).
             let ahead = server_ahead(servers, i);
-            assert!(ahead.abs() < 0.3, "node {i} stepped {ahead:.3} s");
+            assert!(ahead.abs() < 0.5, "node {i} stepped {ahead:.3} s");
         }
         // The servers say so: their clocks already gain on real time.
         assert!(
