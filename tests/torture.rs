@@ -1,16 +1,22 @@
 //! The torture run: K workers × M resources for a bounded time, using `using()` with fencing
-//! and writing to a fenced store, while a fault schedule kills, pauses, restarts and cuts off
-//! random minority nodes and freezes random workers inside their critical sections for
-//! longer than their TTL. A checker then verifies the recorded history.
+//! and writing to a fenced store several times per acquisition, while a fault schedule kills,
+//! pauses, restarts and cuts off random minority nodes, makes node clocks run fast or jump
+//! forward (on a minority most of the time, now and then on a majority), and freezes random
+//! workers inside their critical sections for longer than their TTL. A checker then verifies
+//! the recorded history.
 //!
 //! Every worker runs on its own OS thread with its own single-threaded runtime, so a frozen
 //! worker is frozen whole — its extension task included — like a process in a GC pause.
+//!
+//! The local run uses five Valkey servers under libfaketime where both are available
+//! (`tests/support/faketime.rs`), so that any node can get a clock fault; elsewhere it runs on
+//! redis-server without clock faults and says what is missing.
 //!
 //! `TORTURE_SECS` sets the duration of each run (default 45 s).
 
 mod support;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -18,6 +24,7 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 use redfence::{Error, FencingCounter, MemoryCounter, Redlock};
 use support::cluster::{Cluster, ComposeCluster, LocalCluster};
+use support::faketime::{Clocks, Pieces};
 
 const WORKERS: usize = 16;
 const RESOURCES: usize = 4;
@@ -25,6 +32,11 @@ const TTL: Duration = Duration::from_millis(1_000);
 const THRESHOLD: Duration = Duration::from_millis(400);
 /// The chance that a critical section freezes its worker for longer than the TTL.
 const FREEZE_PERCENT: u32 = 4;
+/// The chance that a fault is a clock fault, where clocks can be faked.
+const CLOCK_PERCENT: u32 = 35;
+/// Every this many clock faults, one hits a majority of the nodes (the second one first, so
+/// that a short run has one too).
+const CLOCK_MAJORITY_EVERY: u32 = 4;
 
 fn run_time() -> Duration {
     let secs = std::env::var("TORTURE_SECS")
@@ -38,9 +50,14 @@ fn run_time() -> Duration {
 #[derive(Clone, Debug)]
 struct Write {
     fence: u64,
+    /// Which acquisition wrote it (numbered by the test, apart from the fence).
+    acquisition: u64,
     accepted: bool,
-    /// The writer had been frozen past its lease right before this write.
-    after_freeze: bool,
+    /// The writer was live: not frozen, and its signal said the lock was held right before.
+    live: bool,
+    /// When the writer's lease began, and when it wrote.
+    lease_start: Instant,
+    at: Instant,
 }
 
 /// A lease as its holder saw it: from the start of its routine until the routine ended or
@@ -48,12 +65,14 @@ struct Write {
 #[derive(Clone, Debug)]
 struct Lease {
     resource: usize,
+    fence: u64,
     start: Instant,
     end: Instant,
 }
 
-/// The protected storage: accepts a write only if its fence is greater than the last one it
-/// accepted for that resource (what `last_fence < $fence` does in SQL).
+/// The protected storage: accepts a write unless its fence is smaller than the last one it
+/// accepted for that resource (what `last_fence <= $fence` does in SQL): an owner may write
+/// again with its own token, a replaced owner's token is always smaller.
 #[derive(Default)]
 struct FencedStore {
     inner: Mutex<StoreInner>,
@@ -66,18 +85,16 @@ struct StoreInner {
 }
 
 impl FencedStore {
-    fn write(&self, resource: usize, fence: u64, after_freeze: bool) -> bool {
+    fn write(&self, resource: usize, mut write: Write) -> bool {
         let mut inner = self.inner.lock().expect("store");
         let last = inner.last.get(&resource).copied().unwrap_or(0);
-        let accepted = fence > last;
-        if accepted {
-            inner.last.insert(resource, fence);
+        write.accepted = write.fence >= last;
+        write.at = Instant::now();
+        if write.accepted {
+            inner.last.insert(resource, write.fence);
         }
-        inner.history.entry(resource).or_default().push(Write {
-            fence,
-            accepted,
-            after_freeze,
-        });
+        let accepted = write.accepted;
+        inner.history.entry(resource).or_default().push(write);
         accepted
     }
 }
@@ -87,11 +104,11 @@ impl FencedStore {
 #[derive(Default)]
 struct FaultLog {
     windows: Mutex<Vec<(Instant, Instant)>>,
-    counts: Mutex<HashMap<&'static str, u32>>,
+    counts: Mutex<BTreeMap<String, u32>>,
 }
 
 impl FaultLog {
-    fn record(&self, kind: &'static str, start: Instant, end: Instant) {
+    fn record(&self, kind: String, start: Instant, end: Instant) {
         self.windows.lock().expect("faults").push((start, end));
         *self.counts.lock().expect("faults").entry(kind).or_default() += 1;
     }
@@ -128,6 +145,8 @@ impl From<Error> for WorkError {
 
 struct Shared {
     store: FencedStore,
+    /// Numbers the acquisitions, to tell a token reused by two of them.
+    next_acquisition: AtomicU64,
     leases: Mutex<Vec<Lease>>,
     figures: Figures,
     stop: AtomicBool,
@@ -153,7 +172,10 @@ fn worker(urls: Vec<String>, counter: Arc<dyn FencingCounter>, shared: Arc<Share
         while !shared.stop.load(Ordering::SeqCst) {
             let resource = rng.random_range(0..RESOURCES);
             let freeze = rng.random_range(0..100) < FREEZE_PERCENT;
-            let work = Duration::from_millis(rng.random_range(5..40));
+            let writes = rng.random_range(2..=4u32);
+            // Which write the worker freezes before, if it freezes.
+            let freeze_at = freeze.then(|| rng.random_range(0..writes));
+            let work = Duration::from_millis(rng.random_range(5..40)) / writes;
             let freeze_for = TTL * 2 + Duration::from_millis(rng.random_range(0..500));
             let name = format!("torture:{resource}");
             let shared_in = Arc::clone(&shared);
@@ -162,37 +184,56 @@ fn worker(urls: Vec<String>, counter: Arc<dyn FencingCounter>, shared: Arc<Share
                     let shared = shared_in;
                     let start = Instant::now();
                     let fence = signal.fence().expect("fencing is configured");
-                    tokio::time::sleep(work).await;
-                    let mut valid_until = Instant::now() + signal.remaining();
-                    if freeze {
-                        // Stop the world: the extension task is frozen too.
-                        shared.figures.freezes.fetch_add(1, Ordering::SeqCst);
-                        std::thread::sleep(freeze_for);
-                    } else if let Err(lost) = signal.check() {
-                        let end = valid_until.min(Instant::now());
-                        shared.leases.lock().expect("leases").push(Lease {
+                    let acquisition = shared.next_acquisition.fetch_add(1, Ordering::SeqCst);
+                    let mut valid_until = start + signal.remaining();
+                    let mut frozen = false;
+                    for n in 0..writes {
+                        tokio::time::sleep(work).await;
+                        if freeze_at == Some(n) {
+                            // Stop the world: the extension task is frozen too.
+                            valid_until = valid_until.min(Instant::now() + signal.remaining());
+                            shared.figures.freezes.fetch_add(1, Ordering::SeqCst);
+                            std::thread::sleep(freeze_for);
+                            frozen = true;
+                        } else if frozen {
+                            // Still not looking at the signal: the store must catch these.
+                        } else if let Err(lost) = signal.check() {
+                            let end = valid_until.min(Instant::now());
+                            shared.leases.lock().expect("leases").push(Lease {
+                                resource,
+                                fence,
+                                start,
+                                end,
+                            });
+                            shared
+                                .figures
+                                .aborted_signals
+                                .fetch_add(1, Ordering::SeqCst);
+                            return Err(lost.into());
+                        } else {
+                            valid_until = Instant::now() + signal.remaining();
+                        }
+                        shared.store.write(
                             resource,
-                            start,
-                            end,
-                        });
-                        shared
-                            .figures
-                            .aborted_signals
-                            .fetch_add(1, Ordering::SeqCst);
-                        return Err(lost.into());
-                    } else {
-                        valid_until = Instant::now() + signal.remaining();
+                            Write {
+                                fence,
+                                acquisition,
+                                accepted: false,
+                                live: !frozen,
+                                lease_start: start,
+                                at: start,
+                            },
+                        );
                     }
-                    // Written without looking at the signal again: the store must catch it.
-                    shared.store.write(resource, fence, freeze);
                     let now = Instant::now();
-                    let end = if !freeze && !signal.is_aborted() {
+                    let end = if !frozen && !signal.is_aborted() {
                         now
                     } else {
                         valid_until.min(now)
                     };
                     shared.leases.lock().expect("leases").push(Lease {
                         resource,
+                        fence,
                         start,
                         end,
                     });
@@ -224,24 +265,49 @@ fn worker(urls: Vec<String>, counter: Arc<dyn FencingCounter>, shared: Arc<Share
     });
 }
 
-/// Injects faults on random minorities until `until`, then heals everything.
-async fn fault_schedule(cluster: &mut dyn Cluster, log: &FaultLog, until: Instant) {
+/// Injects faults on random nodes until `until`, then heals everything: a minority for
+/// kills, pauses, cuts and restarts; for clock faults (where `clocks` is given) a minority
+/// most of the time and a majority every [`CLOCK_MAJORITY_EVERY`]th time.
+async fn fault_schedule(
+    cluster: &mut dyn Cluster,
+    clocks: Option<&Clocks>,
+    log: &FaultLog,
+    until: Instant,
+) {
     let mut rng = rand::rng();
+    let mut clock_faults = 0;
     while Instant::now() < until {
-        let count = rng.random_range(1..=2);
+        let clock = clocks.filter(|_| rng.random_range(0..100) < CLOCK_PERCENT);
+        let kind = match clock {
+            Some(_) => ["fast", "jump"][rng.random_range(0..2)],
+            None => ["kill", "pause", "disconnect", "restart"][rng.random_range(0..4)],
+        };
+        let count = if clock.is_some() {
+            clock_faults += 1;
+            if clock_faults % CLOCK_MAJORITY_EVERY == 2 {
+                cluster.len() / 2 + 1
+            } else {
+                rng.random_range(1..=2)
+            }
+        } else {
+            rng.random_range(1..=2)
+        };
         let mut nodes: Vec<usize> = (0..cluster.len()).collect();
         for i in (1..nodes.len()).rev() {
             nodes.swap(i, rng.random_range(0..=i));
         }
         let nodes = &nodes[..count];
-        let kind = ["kill", "pause", "disconnect", "restart"][rng.random_range(0..4)];
         let hold = Duration::from_millis(rng.random_range(300..2_500));
+        let rate = [2.0, 4.0][rng.random_range(0..2)];
+        let jump = TTL + Duration::from_millis(rng.random_range(0..1_000));
         let start = Instant::now();
         for &i in nodes {
-            match kind {
-                "kill" => cluster.kill(i),
-                "pause" => cluster.pause(i),
-                "disconnect" => cluster.disconnect(i),
+            match (kind, clock) {
+                ("fast", Some(clocks)) => clocks.set_rate(i, rate),
+                ("jump", Some(clocks)) => clocks.jump(i, jump),
+                ("kill", _) => cluster.kill(i),
+                ("pause", _) => cluster.pause(i),
+                ("disconnect", _) => cluster.disconnect(i),
                 _ => {
                     cluster.kill(i);
                     cluster.restart(i);
@@ -250,75 +316,126 @@ async fn fault_schedule(cluster: &mut dyn Cluster, log: &FaultLog, until: Instan
         }
         tokio::time::sleep(hold).await;
         for &i in nodes {
-            match kind {
-                "kill" => cluster.restart(i),
-                "pause" => cluster.resume(i),
-                "disconnect" => cluster.connect(i),
+            match (kind, clock) {
+                ("fast", Some(clocks)) => clocks.set_rate(i, 1.0),
+                ("kill", _) => cluster.restart(i),
+                ("pause", _) => cluster.resume(i),
+                ("disconnect", _) => cluster.connect(i),
                 _ => {}
             }
         }
-        // A node that restarted empty forgot its locks: their owners may be shadowed until
-        // the longest lease has run out. Queued commands also land a little after a heal.
+        // A node that restarted empty, or whose clock ran ahead, forgot its locks early: their
+        // owners may be shadowed until the longest lease has run out. Queued commands also land
+        // a little after a heal.
         let end = Instant::now() + TTL + Duration::from_millis(500);
-        log.record(kind, start, end);
-        tokio::time::sleep(Duration::from_millis(rng.random_range(200..1_500))).await;
+        let majority = count > cluster.len() / 2;
+        log.record(
+            format!("{kind}{}", if majority { " (majority)" } else { "" }),
+            start,
+            end,
+        );
+        // Every other fault or so, a quiet spell past the end of its window: without one, the
+        // windows would cover the whole run and nothing would be checked outside faults.
+        let next = if rng.random_bool(0.5) {
+            end + Duration::from_millis(rng.random_range(300..1_500))
+        } else {
+            Instant::now() + Duration::from_millis(rng.random_range(200..1_500))
+        };
+        tokio::time::sleep_until(next.into()).await;
     }
 }
 
+/// What fencing guarantees, and what Redlock guarantees outside faults: each must stay 0.
 #[derive(Debug, Default)]
 struct Violations {
-    accepted_not_increasing: u64,
+    /// An accepted write whose fence is smaller than one accepted before it.
     stale_write_accepted: u64,
+    /// A later acquisition's accepted fence not above the earlier ones.
+    accepted_not_increasing: u64,
+    /// One fence handed to two acquisitions.
+    fence_reused: u64,
+    /// A write rejected although no larger fence had been accepted (the store's contract).
     fresh_write_rejected: u64,
+    /// A live owner's write rejected with no fault active during its lease.
+    live_write_rejected: u64,
+    /// Two leases on a resource overlapping with no fault active.
     overlapping_leases: u64,
 }
 
 impl Violations {
     fn total(&self) -> u64 {
-        self.accepted_not_increasing
-            + self.stale_write_accepted
+        self.stale_write_accepted
+            + self.accepted_not_increasing
+            + self.fence_reused
             + self.fresh_write_rejected
+            + self.live_write_rejected
             + self.overlapping_leases
     }
 }
 
-fn check(shared: &Shared, faults: &FaultLog) -> (Violations, u64, u64, u64) {
+/// What the checker counted besides violations.
+#[derive(Debug, Default)]
+struct Tally {
+    accepted: u64,
+    rejected: u64,
+    /// Writes by owners that had been frozen past their lease, rejected.
+    stale_rejected: u64,
+    /// Acquisitions that had two or more writes accepted.
+    multi_write_acquisitions: u64,
+    /// What the faults cost, as Redlock documents it: live writes rejected, and leases that
+    /// overlapped, while a fault was active.
+    live_rejected_in_faults: u64,
+    overlaps_in_faults: u64,
+}
+
+fn check(shared: &Shared, faults: &FaultLog) -> (Violations, Tally) {
     let mut v = Violations::default();
-    let (mut accepted, mut rejected, mut stale_wakeups_rejected) = (0, 0, 0);
+    let mut t = Tally::default();
     let inner = shared.store.inner.lock().expect("store");
     for writes in inner.history.values() {
         let mut last_accepted = 0u64;
+        let mut last_acquisition = None;
+        let mut acquisition_of: HashMap<u64, u64> = HashMap::new();
+        let mut accepted_per_acquisition: HashMap<u64, u32> = HashMap::new();
         for w in writes {
-            // (1) accepted fences strictly increase.
+            // Tokens are unique per acquisition.
+            if *acquisition_of.entry(w.fence).or_insert(w.acquisition) != w.acquisition {
+                v.fence_reused += 1;
+            }
             if w.accepted {
-                accepted += 1;
-                if w.fence <= last_accepted {
+                t.accepted += 1;
+                *accepted_per_acquisition.entry(w.acquisition).or_default() += 1;
+                if w.fence < last_accepted {
+                    v.stale_write_accepted += 1;
+                } else if w.fence == last_accepted && last_acquisition != Some(w.acquisition) {
                     v.accepted_not_increasing += 1;
                 }
                 last_accepted = last_accepted.max(w.fence);
-            } else {
-                rejected += 1;
-                if w.after_freeze {
-                    stale_wakeups_rejected += 1;
-                }
-                // (2) a write is rejected only when its fence is not greater than one accepted.
-                if w.fence > last_accepted {
-                    v.fresh_write_rejected += 1;
-                }
+                last_acquisition = Some(w.acquisition);
+                continue;
             }
-            // (2) every write whose fence was not greater than an accepted one was rejected.
-            if w.accepted
-                && writes
-                    .iter()
-                    .take_while(|x| !std::ptr::eq(*x, w))
-                    .any(|x| x.accepted && x.fence >= w.fence)
-            {
-                v.stale_write_accepted += 1;
+            t.rejected += 1;
+            if w.fence >= last_accepted {
+                v.fresh_write_rejected += 1;
+            }
+            if !w.live {
+                t.stale_rejected += 1;
+            } else if faults.active_during(w.lease_start, w.at) {
+                t.live_rejected_in_faults += 1;
+            } else {
+                eprintln!(
+                    "live write rejected outside faults: {w:?}, last accepted {last_accepted}"
+                );
+                v.live_write_rejected += 1;
             }
         }
+        t.multi_write_acquisitions += accepted_per_acquisition
+            .values()
+            .filter(|&&n| n >= 2)
+            .count() as u64;
     }
     drop(inner);
-    // (3) no two live leases on a resource overlapped while no fault was active.
+    // No two live leases on a resource overlapped while no fault was active.
     let leases = shared.leases.lock().expect("leases");
     for (i, a) in leases.iter().enumerate() {
         for b in &leases[i + 1..] {
@@ -326,23 +443,28 @@ fn check(shared: &Shared, faults: &FaultLog) -> (Violations, u64, u64, u64) {
                 continue;
             }
             let (from, to) = (a.start.max(b.start), a.end.min(b.end));
-            if from < to && !faults.active_during(from, to) {
+            if from >= to {
+                continue;
+            }
+            if faults.active_during(from, to) {
+                t.overlaps_in_faults += 1;
+            } else {
                 eprintln!(
-                    "overlap outside faults on resource {}: {a:?} and {b:?}",
-                    a.resource
+                    "overlap outside faults on resource {} (fences {} and {}): {a:?} and {b:?}",
+                    a.resource, a.fence, b.fence
                 );
                 v.overlapping_leases += 1;
             }
         }
     }
-    (v, accepted, rejected, stale_wakeups_rejected)
+    (v, t)
 }
 
-async fn torture(cluster: &mut dyn Cluster) {
-    let name = cluster.name();
+async fn torture(cluster: &mut dyn Cluster, clocks: Option<&Clocks>, name: &str) {
     let duration = run_time();
     let shared = Arc::new(Shared {
         store: FencedStore::default(),
+        next_acquisition: AtomicU64::new(0),
         leases: Mutex::new(Vec::new()),
         figures: Figures::default(),
         stop: AtomicBool::new(false),
@@ -357,24 +479,42 @@ async fn torture(cluster: &mut dyn Cluster) {
         .collect();
     let faults = FaultLog::default();
     let started = Instant::now();
-    fault_schedule(cluster, &faults, started + duration).await;
+    fault_schedule(cluster, clocks, &faults, started + duration).await;
     shared.stop.store(true, Ordering::SeqCst);
     for w in workers {
         w.join().expect("worker thread");
     }
-    let (violations, accepted, rejected, stale_rejected) = check(&shared, &faults);
+    let (violations, tally) = check(&shared, &faults);
     let f = &shared.figures;
     let counts = faults.counts.lock().expect("faults").clone();
+    let clock_faults: u32 = counts
+        .iter()
+        .filter(|(k, _)| k.starts_with("fast") || k.starts_with("jump"))
+        .map(|(_, n)| n)
+        .sum();
+    let clock_majority: u32 = counts
+        .iter()
+        .filter(|(k, _)| k.ends_with("(majority)"))
+        .map(|(_, n)| n)
+        .sum();
     println!(
         "torture [{name}] {:?}: {WORKERS} workers x {RESOURCES} resources; acquisitions {}, contended/timed out {}, \
-         unavailable {}; writes accepted {accepted}, rejected {rejected} (stale wake-ups rejected {stale_rejected}); \
-         worker freezes {}, aborted signals {}; faults injected {} {counts:?}; violations {} {violations:?}",
+         unavailable {}; writes accepted {} (acquisitions with 2+ accepted {}), rejected {} (stale wake-ups rejected {}, \
+         live writes rejected during faults {}); worker freezes {}, aborted signals {}, lease overlaps during faults {}; \
+         faults injected {} (clock faults {clock_faults}, {clock_majority} of them on a majority) {counts:?}; \
+         violations {} {violations:?}",
         started.elapsed(),
         f.acquisitions.load(Ordering::SeqCst),
         f.contended.load(Ordering::SeqCst),
         f.unavailable.load(Ordering::SeqCst),
+        tally.accepted,
+        tally.multi_write_acquisitions,
+        tally.rejected,
+        tally.stale_rejected,
+        tally.live_rejected_in_faults,
         f.freezes.load(Ordering::SeqCst),
         f.aborted_signals.load(Ordering::SeqCst),
+        tally.overlaps_in_faults,
         counts.values().sum::<u32>(),
         violations.total(),
     );
@@ -384,9 +524,16 @@ async fn torture(cluster: &mut dyn Cluster) {
         "[{name}] too little work to judge"
     );
     assert!(
+        tally.multi_write_acquisitions > 0,
+        "[{name}] no owner had a second write accepted"
+    );
+    assert!(
         f.freezes.load(Ordering::SeqCst) > 0,
         "[{name}] no worker was frozen"
     );
+    if clocks.is_some() {
+        assert!(clock_faults > 0, "[{name}] no clock fault was injected");
+    }
 }
 
 /// The two runs share two cores: one at a time.
@@ -395,8 +542,20 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn torture_local() {
     let _turn = ONE_AT_A_TIME.lock().await;
-    let mut cluster = LocalCluster::start(5).await;
-    torture(&mut cluster).await;
+    match Pieces::find() {
+        Ok(pieces) => {
+            let (servers, clocks) = Clocks::start(&pieces, 5, &[]);
+            let mut cluster = LocalCluster::over(servers).await;
+            torture(&mut cluster, Some(&clocks), "local Valkey, clocks faked").await;
+        }
+        Err(missing) => {
+            eprintln!(
+                "torture [local]: no clock faults: missing {missing}; running on redis-server"
+            );
+            let mut cluster = LocalCluster::start(5).await;
+            torture(&mut cluster, None, "local processes").await;
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -405,5 +564,5 @@ async fn torture_compose() {
     let Some(mut cluster) = ComposeCluster::up("torture") else {
         return;
     };
-    torture(&mut cluster).await;
+    torture(&mut cluster, None, "docker-compose").await;
 }

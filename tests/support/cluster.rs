@@ -61,9 +61,13 @@ impl LocalCluster {
 
     /// The same, with extra `redis-server` arguments.
     pub async fn start_with(n: usize, args: &[&str]) -> Self {
-        let servers = Servers::start_with(n, args);
+        Self::over(Servers::start_with(n, args)).await
+    }
+
+    /// Puts a proxy in front of each of `servers`, on the current runtime.
+    pub async fn over(servers: Servers) -> Self {
         let mut proxies = Vec::new();
-        for i in 0..n {
+        for i in 0..servers.len() {
             proxies.push(Proxy::start(servers.port(i)).await);
         }
         LocalCluster { servers, proxies }

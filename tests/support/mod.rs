@@ -6,13 +6,15 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod faketime;
 pub mod postgres;
 pub mod proxy;
 
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use redfence::{Redlock, RedlockBuilder};
 
@@ -28,7 +30,27 @@ struct Server {
     port: u16,
     dir: tempfile::TempDir,
     args: Vec<String>,
+    launch: Launch,
     child: Option<Child>,
+}
+
+/// How to start one server: which binary, with which extra environment.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    pub binary: String,
+    pub env: Vec<(String, String)>,
+    /// Told when each process is spawned (first start and every restart).
+    pub spawned: Option<Arc<Mutex<SystemTime>>>,
+}
+
+impl Default for Launch {
+    fn default() -> Self {
+        Launch {
+            binary: binary(),
+            env: Vec::new(),
+            spawned: None,
+        }
+    }
 }
 
 fn binary() -> String {
@@ -43,7 +65,8 @@ fn free_port() -> u16 {
 impl Server {
     fn spawn(&mut self) -> std::io::Result<()> {
         let log: PathBuf = self.dir.path().join("redis.log");
-        let child = Command::new(binary())
+        let child = Command::new(&self.launch.binary)
+            .envs(self.launch.env.iter().map(|(k, v)| (k, v)))
             .arg("--port")
             .arg(self.port.to_string())
             .args([
@@ -64,6 +87,9 @@ impl Server {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;
+        if let Some(spawned) = &self.launch.spawned {
+            *spawned.lock().expect("spawn time") = SystemTime::now();
+        }
         self.child = Some(child);
         Ok(())
     }
@@ -129,17 +155,26 @@ impl Servers {
 
     /// Starts `n` servers with extra `redis-server` arguments (e.g. `--appendonly yes`).
     pub fn start_with(n: usize, args: &[&str]) -> Self {
+        Self::start_launched(n, args, |_| Launch::default())
+    }
+
+    /// Starts `n` servers, server `i` as `launch(i)` says (another binary, extra environment).
+    pub fn start_launched(n: usize, args: &[&str], launch: impl Fn(usize) -> Launch) -> Self {
         let servers = (0..n)
-            .map(|_| {
+            .map(|i| {
                 for _ in 0..5 {
                     let mut server = Server {
                         port: free_port(),
                         dir: tempfile::tempdir().expect("temp dir"),
                         args: args.iter().map(|s| s.to_string()).collect(),
+                        launch: launch(i),
                         child: None,
                     };
                     server.spawn().unwrap_or_else(|e| {
-                        panic!("cannot start {}: {e}; set REDIS_SERVER", binary())
+                        panic!(
+                            "cannot start {}: {e}; set REDIS_SERVER",
+                            server.launch.binary
+                        )
                     });
                     if server.wait_ready() {
                         return server;
