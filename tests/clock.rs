@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redfence::{Error, FencingCounter, Lock, MemoryCounter, Redlock};
+use redfence::{Error, Lock, MemoryCounter, Redlock};
 use support::Servers;
 use support::eventually;
 use support::faketime::{Clocks, Pieces, server_ahead};
@@ -48,7 +48,7 @@ fn redlock(servers: &Servers, counter: &Arc<MemoryCounter>) -> Redlock {
     servers
         .builder()
         .retry_count(0)
-        .fencing_arc(Arc::clone(counter) as Arc<dyn FencingCounter>)
+        .fencing(Arc::clone(counter))
         .build()
         .expect("config")
 }
