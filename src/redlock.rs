@@ -389,6 +389,8 @@ impl Redlock {
         self.shared.close();
         self.shared.tasks.close();
         self.shared.tasks.wait().await;
+        // Then whatever is still queued for each node (calls nobody waits for any more).
+        futures::future::join_all(self.shared.nodes.iter().map(|node| node.flush())).await;
     }
 }
 

@@ -352,7 +352,8 @@ async fn a_dropped_lock_releases_itself() {
     let servers = Servers::start(3);
     let redlock = servers.redlock();
     let lock = redlock.acquire(&["job"], TTL).await.expect("acquire");
-    assert!(servers.get(0, "job").is_some());
+    // Held on a majority (the last node may still be on its way).
+    assert!(servers.holders("job", lock.token(), 0..3).len() >= 2);
     drop(lock);
     assert!(eventually(|| (0..3).all(|i| servers.get(i, "job").is_none())).await);
 }

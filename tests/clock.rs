@@ -44,10 +44,13 @@ enum ClockFault {
     Jump,
 }
 
+/// A patient node timeout: a call that times out before it was even written is never sent,
+/// and these tests check that every write lands.
 fn redlock(servers: &Servers, counter: &Arc<MemoryCounter>) -> Redlock {
     servers
         .builder()
         .retry_count(0)
+        .node_timeout(Duration::from_millis(500))
         .fencing(Arc::clone(counter))
         .build()
         .expect("config")
@@ -126,6 +129,8 @@ async fn minority(fault: ClockFault) {
     while first.remaining() > Duration::from_millis(500) {
         match b.try_acquire(&["job"], TTL).await {
             Err(Error::Contended { .. }) => refused += 1,
+            // A node slow to answer on a loaded machine: still no second owner.
+            Err(Error::QuorumUnreachable { .. }) => {}
             other => panic!(
                 "{fault:?}: a second owner got in with {:?} of the first lease left: {other:?}",
                 first.remaining()
@@ -140,7 +145,9 @@ async fn minority(fault: ClockFault) {
     let second = loop {
         match b.try_acquire(&["job"], TTL).await {
             Ok(lock) => break lock,
-            Err(Error::Contended { .. }) if Instant::now() < deadline => {
+            Err(Error::Contended { .. } | Error::QuorumUnreachable { .. })
+                if Instant::now() < deadline =>
+            {
                 tokio::time::sleep(Duration::from_millis(20)).await
             }
             Err(e) => panic!("{fault:?}: the second owner never got in: {e}"),

@@ -73,6 +73,19 @@ pub enum Error {
         errors: Vec<NodeError>,
     },
 
+    /// This client could not keep up: requests for a majority would have had to wait in
+    /// queues that were full, so they were not sent. The nodes are not at fault; retry later
+    /// or spread the load.
+    #[error(
+        "this client is overloaded: the request queues of {overloaded} of {nodes} nodes were full"
+    )]
+    Overloaded {
+        /// On how many nodes the queue was full.
+        overloaded: usize,
+        /// How many nodes there are.
+        nodes: usize,
+    },
+
     /// A majority granted the lock, but so late that no validity was left once the elapsed
     /// time and the clock drift were subtracted from the TTL. Nothing was handed out.
     #[error(
@@ -130,7 +143,10 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            Error::Contended { .. } | Error::QuorumUnreachable { .. } | Error::NoValidity { .. }
+            Error::Contended { .. }
+                | Error::QuorumUnreachable { .. }
+                | Error::NoValidity { .. }
+                | Error::Overloaded { .. }
         )
     }
 
@@ -149,6 +165,7 @@ impl Error {
             Error::Closed => "closed",
             Error::Contended { .. } => "contended",
             Error::QuorumUnreachable { .. } => "unreachable",
+            Error::Overloaded { .. } => "overloaded",
             Error::NoValidity { .. } => "no_validity",
             Error::AcquireTimeout { .. } => "timeout",
             Error::LockLost { .. } => "lost",

@@ -30,6 +30,13 @@ pub enum NodeFailure {
     /// The node could not be reached (refused, reset, not connected yet).
     #[error("unreachable")]
     Connection(#[source] redis::RedisError),
+    /// This client could not keep up: the node's request queue was full, so the request was
+    /// never sent. A sign of overload on the client's side, not of a failed node.
+    #[error("overloaded: {queued} requests were already waiting for this node")]
+    Overloaded {
+        /// How many requests were waiting.
+        queued: usize,
+    },
     /// The node answered with an error, e.g. `WRONGTYPE` when a key holds a hash.
     #[error("error reply")]
     Reply(#[source] redis::RedisError),

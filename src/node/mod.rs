@@ -3,6 +3,7 @@
 
 #[cfg(test)]
 pub(crate) mod fake;
+mod pipeline;
 mod redis;
 
 use std::sync::Arc;
@@ -42,6 +43,20 @@ pub(crate) trait Node: Send + Sync {
     /// of keys deleted. The future owns what it needs, so it can outlive the call; the caller
     /// bounds it with the node timeout.
     fn call(&self, req: &Request) -> BoxFuture<'static, Result<i64, NodeFailure>>;
+
+    /// Whether this node queues its calls: they run in the order they were made, each one
+    /// to its end even when its future is dropped, and the node bounds each call's time
+    /// itself (`node_timeout` on the call in flight, not on the wait in its queue). The
+    /// quorum logic then neither gates a lock's calls on its earlier ones nor puts a timer on
+    /// them. Defaults to `false`: calls are independent futures.
+    fn pipelined(&self) -> bool {
+        false
+    }
+
+    /// Resolves once every call made before it has run (a pipelined node); at once otherwise.
+    fn flush(&self) -> BoxFuture<'static, ()> {
+        Box::pin(std::future::ready(()))
+    }
 
     /// Reads each key's type, value (if a string) and PTTL in one atomic script; with
     /// `delete`, then deletes every key that exists, whoever holds it (the operator's forced

@@ -1,6 +1,6 @@
 //! One Redis master: a lazy, shared, auto-reconnecting connection and the three lock scripts.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -9,19 +9,14 @@ use redis::{Client, Script};
 use tokio::sync::OnceCell;
 use tokio_util::task::TaskTracker;
 
-use super::{KeyRow, Node, Op, Request};
+use super::pipeline::Pipeline;
+use super::{KeyRow, Node, Request};
 use crate::error::NodeFailure;
 
-static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
-static EXTEND: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/extend.lua")));
 static INSPECT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/inspect.lua")));
 static FORCE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/force_release.lua")));
-static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/release.lua")));
 
 /// A Redis master reached through one multiplexed, auto-reconnecting connection that every
 /// lock shares. The connection is made on first use, inside the caller's runtime.
@@ -29,6 +24,9 @@ static RELEASE: LazyLock<Script> =
 pub(crate) struct RedisNode {
     addr: String,
     shared: Arc<LazyConnection>,
+    node_timeout: Duration,
+    /// The node's request queue, started inside the runtime of the first call.
+    pipeline: Arc<OnceLock<Arc<Pipeline>>>,
 }
 
 /// One multiplexed, auto-reconnecting connection to a Redis server, made on first use
@@ -53,7 +51,25 @@ impl RedisNode {
                 LazyConnection::new(client, node_timeout.max(Duration::from_secs(1)))
                     .tracked_by(tasks),
             ),
+            node_timeout,
+            pipeline: Arc::default(),
         }
+    }
+
+    /// The node's request queue, started on first use (inside a Tokio runtime).
+    fn pipeline(&self) -> Result<&Arc<Pipeline>, NodeFailure> {
+        if let Some(pipeline) = self.pipeline.get() {
+            return Ok(pipeline);
+        }
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(NodeFailure::Reply(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "redfence needs a Tokio runtime to talk to a node",
+            ))));
+        }
+        Ok(self
+            .pipeline
+            .get_or_init(|| Arc::new(Pipeline::start(Arc::clone(&self.shared), self.node_timeout))))
     }
 }
 
@@ -119,32 +135,30 @@ impl LazyConnection {
 
 impl Node for RedisNode {
     fn call(&self, req: &Request) -> BoxFuture<'static, Result<i64, NodeFailure>> {
-        let shared = Arc::clone(&self.shared);
-        let req = req.clone();
+        let queued = self
+            .pipeline()
+            .and_then(|pipeline| pipeline.submit(req.clone()));
         Box::pin(async move {
-            let mut conn = shared.connection().await?;
-            let script: &Script = match req.op {
-                Op::Acquire => &ACQUIRE,
-                Op::Extend => &EXTEND,
-                Op::Release => &RELEASE,
-            };
-            let mut invocation = script.prepare_invoke();
-            invocation.key(&*req.keys).arg(&*req.token);
-            if req.op != Op::Release {
-                invocation.arg(req.ttl_ms);
+            match queued?.await {
+                Ok(reply) => reply,
+                // The serving task is gone: its runtime shut down.
+                Err(_) => Err(NodeFailure::Reply(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "the node's request queue stopped (its runtime shut down)",
+                )))),
             }
-            // EVALSHA; on NOSCRIPT (a restarted or flushed node) the script is loaded and
-            // the call repeated.
-            match invocation.invoke_async(&mut conn).await {
-                Ok(reply) => Ok(reply),
-                // The first call on a connection the server dropped (a restart, a reset) fails
-                // and makes the manager reconnect: repeat it once on the new connection. All
-                // three scripts are idempotent for one token; node_timeout still bounds this.
-                Err(err) if err.is_io_error() || err.is_connection_dropped() => {
-                    tracing::debug!(node = %shared.addr(), %err, "connection lost; retrying once");
-                    Ok(invocation.invoke_async(&mut conn).await?)
-                }
-                Err(err) => Err(err.into()),
+        })
+    }
+
+    fn pipelined(&self) -> bool {
+        true
+    }
+
+    fn flush(&self) -> BoxFuture<'static, ()> {
+        let pipeline = self.pipeline.get().cloned();
+        Box::pin(async move {
+            if let Some(pipeline) = pipeline {
+                pipeline.flush().await;
             }
         })
     }

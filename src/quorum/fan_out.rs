@@ -24,13 +24,23 @@ pub(crate) struct Round {
     pub(crate) tally: Tally,
     pending: FuturesUnordered<Call>,
     answered: Vec<bool>,
+    /// Which nodes order and bound their own calls (see `Node::pipelined`).
+    pipelined: Vec<bool>,
 }
 
 impl Round {
     /// The votes so far; the calls still running finish in the background (each bounded by
     /// the node timeout), and the returned [`Settled`] tells a later round when they have.
     pub(crate) fn into_parts(self, tasks: &TaskTracker) -> (Tally, Settled) {
-        if self.pending.is_empty() {
+        // Only calls to nodes that do not order them need following: a pipelined node runs
+        // a dropped call to its end, before anything queued after it.
+        let gated: Vec<bool> = self
+            .answered
+            .iter()
+            .zip(&self.pipelined)
+            .map(|(answered, pipelined)| !answered && !pipelined)
+            .collect();
+        if !gated.contains(&true) {
             return (self.tally, Settled::none());
         }
         let (done, rx) = watch::channel(false);
@@ -40,7 +50,7 @@ impl Round {
             let _ = done.send(true);
         });
         let settled = Settled {
-            pending: self.answered.iter().map(|answered| !answered).collect(),
+            pending: gated.into(),
             done: rx,
         };
         (self.tally, settled)
@@ -104,6 +114,11 @@ pub(crate) async fn fan_out(
         .enumerate()
         .map(|(index, node)| {
             let call = node.call(req);
+            if node.pipelined() {
+                // The node orders its calls and bounds each one itself.
+                let call: Call = Box::pin(async move { (index, call.await) });
+                return call;
+            }
             let gate = after.holds(index).then(|| after.clone());
             // One timeout covers the wait for the earlier call and this call together, so a
             // node costs a lock at most one `timeout` per round however many rounds it had:
@@ -134,10 +149,12 @@ pub(crate) async fn fan_out(
         answered[index] = true;
         tally.record(nodes, req.op, index, result);
     }
+    let pipelined = nodes.iter().map(|node| node.pipelined()).collect();
     Round {
         tally,
         pending,
         answered,
+        pipelined,
     }
 }
 

@@ -137,8 +137,20 @@ impl Tally {
         }
     }
 
-    /// `QuorumUnreachable` with every node's error.
+    /// `QuorumUnreachable` with every node's error; `Overloaded` instead when this client's
+    /// own full queues are what kept the majority out of reach (the nodes are fine).
     pub(crate) fn unreachable(self) -> Error {
+        let overloaded = self
+            .errors
+            .iter()
+            .filter(|e| matches!(e.failure, NodeFailure::Overloaded { .. }))
+            .count();
+        if overloaded > 0 && self.granted + overloaded >= self.quorum() {
+            return Error::Overloaded {
+                overloaded,
+                nodes: self.nodes,
+            };
+        }
         Error::QuorumUnreachable {
             granted: self.granted,
             denied: self.denied,

@@ -315,11 +315,17 @@ impl Drop for Servers {
 
 /// Takes and releases a lock once, so that every node's connection is open and its scripts
 /// are loaded before a test measures or injects anything.
+/// Retries for up to [`DEADLINE`]: on a loaded machine a first connection can miss a short
+/// node timeout.
 pub async fn warm_up(redlock: &Redlock) {
-    let lock = redlock
-        .acquire(&["warm"], Duration::from_secs(10))
-        .await
-        .expect("warm-up acquire");
+    let deadline = Instant::now() + DEADLINE;
+    let lock = loop {
+        match redlock.acquire(&["warm"], Duration::from_secs(10)).await {
+            Ok(lock) => break lock,
+            Err(err) if err.is_retryable() && Instant::now() < deadline => {}
+            Err(err) => panic!("warm-up acquire: {err}"),
+        }
+    };
     lock.release().await.expect("warm-up release");
 }
 

@@ -57,9 +57,10 @@ impl Failure {
         let code = match error {
             Error::InvalidInput(_) | Error::Config(_) => USAGE,
             Error::Contended { .. } | Error::AcquireTimeout { .. } => busy,
-            Error::QuorumUnreachable { .. } | Error::NoValidity { .. } | Error::Fencing(_) => {
-                UNAVAILABLE
-            }
+            Error::QuorumUnreachable { .. }
+            | Error::Overloaded { .. }
+            | Error::NoValidity { .. }
+            | Error::Fencing(_) => UNAVAILABLE,
             Error::LockLost { .. } | Error::RenewalLimit { .. } => LOST,
             _ => SOFTWARE,
         };

@@ -1,0 +1,296 @@
+//! One queue per node: the requests of every lock for that node, served by one task that sends
+//! everything waiting as **one batched script call** (`scripts/batch.lua`) and hands each
+//! request its own reply.
+//!
+//! - With nothing in flight a request goes out at once; requests that arrive while a call is
+//!   in flight wait and go together in the next one, up to [`MAX_OPS`] operations and
+//!   [`MAX_KEYS`] keys (so that no script runs long on the server).
+//! - Requests run on the node in the order they were queued, each one to its end even when
+//!   its caller stopped waiting: a lock's release never overtakes its own acquire.
+//! - `node_timeout` bounds the node's answer to a call in flight, not the time a request
+//!   spends queued behind others while the node answers (that is load, not failure). When a
+//!   call times out, the node is hung: the call's requests and every request queued behind
+//!   it are answered with the timeout at once, so a hung node costs each request at most about
+//!   one `node_timeout`. They are still sent, in order, when their turn comes: a release must
+//!   follow an acquire that may land yet.
+//! - The queue is bounded ([`QUEUE_CAPACITY`]): a request that finds it full fails with
+//!   [`NodeFailure::Overloaded`] instead of queueing without bound.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{Script, Value};
+use tokio::sync::{mpsc, oneshot};
+
+use super::redis::LazyConnection;
+use super::{Op, Request};
+use crate::error::NodeFailure;
+
+static BATCH: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/batch.lua")));
+
+/// The most operations one batched call carries.
+pub(crate) const MAX_OPS: usize = 512;
+/// The most keys one batched call carries (an operation with more keys goes alone).
+pub(crate) const MAX_KEYS: usize = 4_096;
+/// The most requests waiting for one node.
+pub(crate) const QUEUE_CAPACITY: usize = 65_536;
+
+/// What the queue carries: a request and where its reply goes, or a marker that answers once
+/// everything queued before it has run.
+enum Job {
+    Run {
+        req: Request,
+        /// `None` once the caller has been answered (it waited behind a hung call).
+        reply: Option<oneshot::Sender<Result<i64, NodeFailure>>>,
+    },
+    Flush(oneshot::Sender<()>),
+}
+
+/// The sending side of one node's queue. The serving task ends when the last `Pipeline`
+/// (the node) is dropped.
+pub(crate) struct Pipeline {
+    jobs: mpsc::Sender<Job>,
+}
+
+impl Pipeline {
+    /// Starts the serving task for `conn` on the current runtime.
+    pub(crate) fn start(conn: Arc<LazyConnection>, node_timeout: Duration) -> Self {
+        let (jobs, queue) = mpsc::channel(QUEUE_CAPACITY);
+        tokio::spawn(serve(queue, conn, node_timeout));
+        Pipeline { jobs }
+    }
+
+    /// Queues `req`; the reply arrives once its batch has run (or failed).
+    pub(crate) fn submit(
+        &self,
+        req: Request,
+    ) -> Result<oneshot::Receiver<Result<i64, NodeFailure>>, NodeFailure> {
+        let (reply, answer) = oneshot::channel();
+        match self.jobs.try_send(Job::Run {
+            req,
+            reply: Some(reply),
+        }) {
+            Ok(()) => Ok(answer),
+            Err(mpsc::error::TrySendError::Full(_)) => Err(NodeFailure::Overloaded {
+                queued: QUEUE_CAPACITY,
+            }),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(closed()),
+        }
+    }
+
+    /// Resolves once every request queued before it has run (or failed).
+    pub(crate) async fn flush(&self) {
+        let (done, flushed) = oneshot::channel();
+        if self.jobs.send(Job::Flush(done)).await.is_ok() {
+            let _ = flushed.await;
+        }
+    }
+}
+
+fn closed() -> NodeFailure {
+    NodeFailure::Reply(redis::RedisError::from((
+        redis::ErrorKind::Client,
+        "the node's request queue is closed (its runtime shut down)",
+    )))
+}
+
+/// Serves the queue until every sender is gone.
+async fn serve(mut queue: mpsc::Receiver<Job>, conn: Arc<LazyConnection>, timeout: Duration) {
+    // Requests taken off the queue but not sent yet, in order: the one that did not fit the
+    // last batch, and those that waited behind a hung call (their callers already answered).
+    let mut backlog: VecDeque<Job> = VecDeque::new();
+    loop {
+        let first = match backlog.pop_front() {
+            Some(job) => job,
+            None => match queue.recv().await {
+                Some(job) => job,
+                None => return,
+            },
+        };
+        let mut batch = Batch::default();
+        batch.push(first);
+        // Coalesce what is already waiting, up to the caps, in order.
+        while !batch.full() {
+            let next = match backlog.pop_front() {
+                Some(job) => job,
+                None => match queue.try_recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                },
+            };
+            if batch.fits(&next) {
+                batch.push(next);
+            } else {
+                backlog.push_front(next);
+                break;
+            }
+        }
+        if let Err(failure) = batch.run(&conn, timeout).await {
+            batch.fail(&failure);
+            if matches!(failure, NodeFailure::Timeout(_)) {
+                // Every request queued behind a hung call has waited long enough: answer it
+                // now. It is still sent, in order, when its turn comes (a release must follow
+                // an acquire that may land yet); beyond the queue's capacity, the acquires and
+                // extends nobody waits for are dropped unsent (nothing to undo).
+                while let Ok(job) = queue.try_recv() {
+                    backlog.push_back(job);
+                }
+                let mut kept = 0;
+                backlog.retain_mut(|job| {
+                    let keep = match job {
+                        Job::Run { req, reply } => {
+                            if let Some(reply) = reply.take() {
+                                let _ = reply.send(Err(failure.clone()));
+                            }
+                            req.op == Op::Release || kept < QUEUE_CAPACITY
+                        }
+                        Job::Flush(_) => true,
+                    };
+                    kept += usize::from(keep);
+                    keep
+                });
+            }
+        }
+    }
+}
+
+/// The requests of one call, and the markers that wait for it.
+#[derive(Default)]
+struct Batch {
+    runs: Vec<(Request, Option<oneshot::Sender<Result<i64, NodeFailure>>>)>,
+    flushes: Vec<oneshot::Sender<()>>,
+    keys: usize,
+}
+
+impl Batch {
+    fn push(&mut self, job: Job) {
+        match job {
+            Job::Run { req, reply } => {
+                self.keys += req.keys.len();
+                self.runs.push((req, reply));
+            }
+            Job::Flush(done) => self.flushes.push(done),
+        }
+    }
+
+    fn full(&self) -> bool {
+        self.runs.len() >= MAX_OPS || self.keys >= MAX_KEYS
+    }
+
+    fn fits(&self, job: &Job) -> bool {
+        match job {
+            Job::Run { req, .. } => self.keys + req.keys.len() <= MAX_KEYS,
+            Job::Flush(_) => true,
+        }
+    }
+
+    /// Sends the batch as one script call and answers each request; `Err` when the call as a
+    /// whole failed (the requests are then still to be answered, by `fail`).
+    async fn run(&mut self, conn: &LazyConnection, timeout: Duration) -> Result<(), NodeFailure> {
+        if self.runs.is_empty() {
+            self.answer_flushes();
+            return Ok(());
+        }
+        let mut invocation = BATCH.prepare_invoke();
+        for (req, _) in &self.runs {
+            let kind = match req.op {
+                Op::Acquire => "a",
+                Op::Extend => "e",
+                Op::Release => "r",
+            };
+            invocation
+                .arg(kind)
+                .arg(&*req.token)
+                .arg(req.ttl_ms)
+                .arg(req.keys.len());
+            invocation.key(&*req.keys);
+        }
+        let call = async {
+            let mut connection = conn.connection().await?;
+            match invocation.invoke_async::<Vec<Value>>(&mut connection).await {
+                Ok(replies) => Ok(replies),
+                // The first call on a connection the server dropped (a restart, a reset) fails
+                // and makes the manager reconnect: repeat it once. Every operation is
+                // idempotent for its token.
+                Err(err) if err.is_io_error() || err.is_connection_dropped() => {
+                    tracing::debug!(node = %conn.addr(), %err, "connection lost; retrying the batch once");
+                    Ok(invocation.invoke_async(&mut connection).await?)
+                }
+                Err(err) => Err(NodeFailure::from(err)),
+            }
+        };
+        let replies = match tokio::time::timeout(timeout, call).await {
+            Ok(Ok(replies)) => replies,
+            Ok(Err(failure)) => return Err(failure),
+            Err(_) => return Err(NodeFailure::Timeout(timeout)),
+        };
+        if replies.len() != self.runs.len() {
+            return Err(NodeFailure::Reply(redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "the batch script returned a reply count other than the request count",
+            ))));
+        }
+        for ((_, reply), value) in self.runs.drain(..).zip(replies) {
+            if let Some(reply) = reply {
+                let _ = reply.send(parse(value));
+            }
+        }
+        self.answer_flushes();
+        Ok(())
+    }
+
+    fn fail(&mut self, failure: &NodeFailure) {
+        for (_, reply) in self.runs.drain(..) {
+            if let Some(reply) = reply {
+                let _ = reply.send(Err(failure.clone()));
+            }
+        }
+        self.answer_flushes();
+    }
+
+    fn answer_flushes(&mut self) {
+        for done in self.flushes.drain(..) {
+            let _ = done.send(());
+        }
+    }
+}
+
+/// One operation's reply: its integer, or the error of that operation alone.
+fn parse(value: Value) -> Result<i64, NodeFailure> {
+    let error = |detail: String| {
+        NodeFailure::Reply(redis::RedisError::from((
+            redis::ErrorKind::Extension,
+            "error reply",
+            detail,
+        )))
+    };
+    match value {
+        Value::Int(n) => Ok(n),
+        Value::BulkString(bytes) => Err(error(
+            String::from_utf8_lossy(&bytes)
+                .trim_start_matches("E:")
+                .to_owned(),
+        )),
+        Value::SimpleString(text) => Err(error(text.trim_start_matches("E:").to_owned())),
+        other => Err(error(format!("unexpected reply {other:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_are_integers_or_the_operations_own_error() {
+        assert_eq!(parse(Value::Int(2)).ok(), Some(2));
+        let err = parse(Value::BulkString(
+            b"E:WRONGTYPE Operation against a key holding the wrong kind of value".to_vec(),
+        ))
+        .expect_err("an error");
+        assert!(err.to_string().contains("error reply"), "{err}");
+        assert!(format!("{err:?}").contains("WRONGTYPE"), "{err:?}");
+    }
+}
