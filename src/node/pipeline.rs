@@ -38,13 +38,16 @@ pub(crate) const MAX_KEYS: usize = 4_096;
 /// The most requests waiting for one node.
 pub(crate) const QUEUE_CAPACITY: usize = 65_536;
 
+/// Where one request's reply goes.
+type Reply = oneshot::Sender<Result<i64, NodeFailure>>;
+
 /// What the queue carries: a request and where its reply goes, or a marker that answers once
 /// everything queued before it has run.
 enum Job {
     Run {
         req: Request,
         /// `None` once the caller has been answered (it waited behind a hung call).
-        reply: Option<oneshot::Sender<Result<i64, NodeFailure>>>,
+        reply: Option<Reply>,
     },
     Flush(oneshot::Sender<()>),
 }
@@ -160,7 +163,7 @@ async fn serve(mut queue: mpsc::Receiver<Job>, conn: Arc<LazyConnection>, timeou
 /// The requests of one call, and the markers that wait for it.
 #[derive(Default)]
 struct Batch {
-    runs: Vec<(Request, Option<oneshot::Sender<Result<i64, NodeFailure>>>)>,
+    runs: Vec<(Request, Option<Reply>)>,
     flushes: Vec<oneshot::Sender<()>>,
     keys: usize,
 }
