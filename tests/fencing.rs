@@ -345,7 +345,9 @@ mod pg {
     use std::sync::Mutex;
 
     use redfence::PostgresCounter;
-    use redfence::fence::postgres::{FenceGuards, FencedUpdate, FencedWriteError, StaleFence};
+    use redfence::fence::postgres::{
+        FenceCheck, FenceGuards, FencedUpdate, FencedWriteError, StaleFence,
+    };
     use redfence::tokio_postgres::Client;
     use support::postgres::Postgres;
     use tokio::sync::oneshot;
@@ -832,8 +834,16 @@ mod pg {
         }
         // A NULL fence column accepts any fence; outside a transaction it is one statement.
         assert_eq!(update(&"v1").execute(&client, 5).await.expect("fresh"), 1);
-        // Equal and lower fences are stale, and change nothing.
-        for offered in [5, 4, 1] {
+        // The owner's own fence again is accepted (it writes twice with one lock).
+        assert_eq!(update(&"v1").execute(&client, 5).await.expect("same"), 1);
+        // Lower fences are stale, and change nothing; so is an equal one when strict.
+        let err = update(&"other")
+            .fence_check(FenceCheck::Strict)
+            .execute(&client, 5)
+            .await
+            .expect_err("strict: stale");
+        assert_eq!(err.stale().map(|s| s.last_accepted), Some(5));
+        for offered in [4, 1] {
             let err = update(&"other")
                 .execute(&client, offered)
                 .await
@@ -876,7 +886,7 @@ mod pg {
             .await
             .expect("select");
         assert_eq!(row.get::<_, String>(0), "v2");
-        assert_eq!(row.get::<_, i32>(1), 2);
+        assert_eq!(row.get::<_, i32>(1), 3);
         assert_eq!(row.get::<_, Option<i64>>(2), Some(6));
 
         // A fence that cannot be a bigint is refused before any statement.
@@ -933,8 +943,21 @@ mod pg {
         tx.commit().await.expect("commit");
         assert_eq!(last("r").await, Some(5));
 
-        // Equal or lower: stale, with the last accepted fence.
-        for offered in [5, 3] {
+        // The owner's own fence again: accepted (a second transaction of the same owner).
+        let tx = c1.transaction().await.expect("begin");
+        guards
+            .claim(&tx, "r", 5)
+            .await
+            .expect("the owner's own fence");
+        tx.commit().await.expect("commit");
+        assert_eq!(last("r").await, Some(5));
+        // Equal when strict, or lower: stale, with the last accepted fence.
+        let strict = guards.clone().fence_check(FenceCheck::Strict);
+        let tx = c1.transaction().await.expect("begin");
+        let err = strict.claim(&tx, "r", 5).await.expect_err("strict");
+        assert_eq!(err.stale().map(|s| s.last_accepted), Some(5));
+        drop(tx);
+        for offered in [4, 3] {
             let tx = c1.transaction().await.expect("begin");
             let err = guards.claim(&tx, "r", offered).await.expect_err("stale");
             assert_eq!(
@@ -1033,10 +1056,21 @@ mod pg {
         let table: Vec<(String, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
         assert_eq!(table, vec![("r1".into(), fence), ("r2".into(), fence)]);
 
-        // The same claim again (a retried transaction of the same owner) is stale: a fence
-        // is accepted once.
+        // The same claim again (another transaction of the same owner) is accepted; with the
+        // strict check a fence is accepted once.
         let tx = client.transaction().await.expect("begin");
-        let err = guards.claim_lock(&tx, &first).await.expect_err("used");
+        guards
+            .claim_lock(&tx, &first)
+            .await
+            .expect("the owner claims again");
+        tx.commit().await.expect("commit");
+        let tx = client.transaction().await.expect("begin");
+        let err = guards
+            .clone()
+            .fence_check(FenceCheck::Strict)
+            .claim_lock(&tx, &first)
+            .await
+            .expect_err("strict: used");
         assert!(err.is_ownership_lost(), "{err:?}");
         tx.rollback().await.expect("rollback");
         first.release().await.expect("release");
@@ -1059,6 +1093,92 @@ mod pg {
         assert!(matches!(err, FencedWriteError::NoResource), "{err:?}");
         tx.rollback().await.expect("rollback");
         unfenced.release().await.expect("release");
+    }
+
+    /// Issue 8, item 2: the owner writes several times with its one fence; a stale owner's
+    /// smaller fence is refused; the strict check refuses the owner's second write.
+    #[tokio::test]
+    async fn the_owner_writes_again_with_its_own_fence_and_a_smaller_one_is_refused() {
+        let servers = Servers::start(3);
+        let pg = Postgres::start();
+        let mut client = pg.client().await;
+        client
+            .batch_execute(
+                "CREATE TABLE parts (id bigint PRIMARY KEY, body text NOT NULL, \
+                     last_fence bigint NOT NULL DEFAULT 0); \
+                 INSERT INTO parts (id, body) VALUES (1, 'empty');",
+            )
+            .await
+            .expect("schema");
+        let guards = FenceGuards::new();
+        guards.create_table(&client).await.expect("guards");
+        let redlock = servers
+            .builder()
+            .fencing(PostgresCounter::connect(&pg.url()).expect("config"))
+            .build()
+            .expect("config");
+        let old = redlock.acquire(&["parts"], TTL).await.expect("old owner");
+        let old_fence = old.fence().expect("fence");
+        old.release().await.expect("release");
+        let owner = redlock.acquire(&["parts"], TTL).await.expect("owner");
+        let fence = owner.fence().expect("fence");
+        assert!(fence > old_fence);
+
+        // Three writes of one row, and three guarded transactions, with one fence.
+        for (i, body) in ["part 1", "part 2", "part 3"].iter().enumerate() {
+            let written = FencedUpdate::new("parts", "id", &1_i64)
+                .set("body", body)
+                .execute(&client, fence)
+                .await
+                .unwrap_or_else(|e| panic!("write {i} with the owner's fence: {e}"));
+            assert_eq!(written, 1);
+            let tx = client.transaction().await.expect("begin");
+            guards
+                .claim_lock(&tx, &owner)
+                .await
+                .unwrap_or_else(|e| panic!("claim {i} with the owner's fence: {e}"));
+            tx.commit().await.expect("commit");
+        }
+        let body: String = client
+            .query_one("SELECT body FROM parts WHERE id = 1", &[])
+            .await
+            .expect("select")
+            .get(0);
+        assert_eq!(body, "part 3");
+
+        // The previous owner's smaller fence: ownership lost, in both forms.
+        let err = FencedUpdate::new("parts", "id", &1_i64)
+            .set("body", &"stale")
+            .execute(&client, old_fence)
+            .await
+            .expect_err("smaller fence");
+        assert!(err.is_ownership_lost(), "{err:?}");
+        let tx = client.transaction().await.expect("begin");
+        let err = guards
+            .claim(&tx, "parts", old_fence)
+            .await
+            .expect_err("smaller fence");
+        assert!(err.is_ownership_lost(), "{err:?}");
+        drop(tx);
+
+        // Strict: the owner's fence was accepted already, so it is refused in both forms.
+        let err = FencedUpdate::new("parts", "id", &1_i64)
+            .set("body", &"once more")
+            .fence_check(FenceCheck::Strict)
+            .execute(&client, fence)
+            .await
+            .expect_err("strict");
+        assert!(err.is_ownership_lost(), "{err:?}");
+        let tx = client.transaction().await.expect("begin");
+        let err = guards
+            .clone()
+            .fence_check(FenceCheck::Strict)
+            .claim_lock(&tx, &owner)
+            .await
+            .expect_err("strict");
+        assert!(err.is_ownership_lost(), "{err:?}");
+        drop(tx);
+        owner.release().await.expect("release");
     }
 
     #[tokio::test]

@@ -4,14 +4,20 @@
 //! A lock alone is never enough for correctness: a worker paused past its lease (a GC pause,
 //! CPU starvation, a slow network) wakes up and writes after the next owner. With fencing,
 //! every acquisition gets a token greater than all earlier ones for its resources, the work
-//! sends it with each write, and the storage rejects any write whose token is not greater
-//! than the last one it accepted:
+//! sends it with each write, and the storage rejects any write whose token is smaller than
+//! the last one it accepted:
 //!
 //! ```text
 //! A acquires "invoice:4821", fence 41 ... pauses past its TTL ...
 //! B acquires "invoice:4821", fence 42, writes: storage records 42
-//! A wakes up and writes with 41: 41 <= 42, rejected (StaleFence) — A has lost ownership
+//! B writes again with 42: 42 >= 42, accepted (the owner's own token)
+//! A wakes up and writes with 41: 41 < 42, rejected (StaleFence) — A has lost ownership
 //! ```
+//!
+//! Tokens are unique per acquisition, so accepting the owner's own token again is as safe as
+//! accepting each token once, and lets the owner write many times with one lock. The
+//! PostgreSQL helpers offer the once-per-acquisition check as an option
+//! (`fence::postgres::FenceCheck::Strict`).
 //!
 //! Configure a counter with [`RedlockBuilder::fencing`](crate::RedlockBuilder::fencing);
 //! every lock then carries [`Lock::fence`](crate::Lock::fence).
@@ -39,10 +45,12 @@
 //! last increments and issue those tokens again. The danger is an old owner holding a
 //! token *greater* than the new owner's: A gets 42 from the old primary, which dies before
 //! replicating it; B gets 41 from the new one and writes; A wakes up and writes with 42,
-//! and the storage accepts it, overwriting B. (Equal tokens are safe: the second write
-//! with a fence the storage accepted is rejected.) `appendfsync always` protects a single
-//! primary's crash, not a failover; `WAIT` narrows the window, it does not close it. When
-//! that matters, use `PostgresCounter`, ideally in the database the work writes to.
+//! and the storage accepts it, overwriting B. A repeated *equal* token is just as bad: A and
+//! B would both hold 42, and the storage accepts the owner's own token again, so both write
+//! (the strict once-per-acquisition check only narrows that to "whoever writes first").
+//! `appendfsync always` protects a single primary's crash, not a failover; `WAIT` narrows
+//! the window, it does not close it. When that matters, use `PostgresCounter`, ideally in
+//! the database the work writes to.
 //!
 //! Whatever the counter, the guarantee ends at the storage: it must compare and record the
 //! token atomically with the write (see `fence::postgres` for PostgreSQL helpers; the same

@@ -2,9 +2,10 @@
 
 use super::chain;
 
-/// A write refused because its fence is not greater than the last one the storage accepted:
-/// a newer owner has written since. Treat it as **ownership lost**: stop the work, never
-/// retry the same write with the same fence.
+/// A write refused because its fence is smaller than the last one the storage accepted (or,
+/// with [`FenceCheck::Strict`](super::FenceCheck::Strict), equal to it): a newer owner has
+/// written since (or, strict, this fence was already used). Treat it as **ownership lost**:
+/// stop the work, never retry the same write with the same fence.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "stale fence for {resource}: offered {offered}, but {last_accepted} was already accepted (ownership of the lock was lost)"
@@ -15,7 +16,8 @@ pub struct StaleFence {
     pub resource: String,
     /// The fence the write carried.
     pub offered: u64,
-    /// The last fence the storage accepted, greater than or equal to `offered`.
+    /// The last fence the storage accepted: greater than `offered` (or equal, with
+    /// [`FenceCheck::Strict`](super::FenceCheck::Strict)).
     pub last_accepted: u64,
 }
 

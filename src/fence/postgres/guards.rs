@@ -5,7 +5,7 @@ use std::fmt;
 use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Transaction};
 
-use super::{FencedWriteError, StaleFence, create_if_absent, quote_table};
+use super::{FenceCheck, FencedWriteError, StaleFence, create_if_absent, quote_table};
 
 /// Default [`FenceGuards::table`]: `redfence_guards`.
 pub const DEFAULT_GUARD_TABLE: &str = "redfence_guards";
@@ -18,15 +18,19 @@ const RELEASE_SAVEPOINT: &str = "RELEASE SAVEPOINT redfence_claim_guards";
 /// accepted for it, claimed inside the caller's transaction before its mutations.
 ///
 /// [`claim`](Self::claim) locks the guard row and records the new fence in **one
-/// statement**, and refuses a fence not greater than the recorded one with
-/// [`StaleFence`]:
+/// statement**, and refuses a fence smaller than the recorded one with [`StaleFence`]
+/// (the owner's own fence is accepted again, so it may claim in several transactions of
+/// one acquisition):
 ///
 /// ```sql
 /// INSERT INTO redfence_guards AS g (resource, last_fence) VALUES ($1, $2)
 /// ON CONFLICT (resource) DO UPDATE SET last_fence = EXCLUDED.last_fence
-/// WHERE g.last_fence < EXCLUDED.last_fence
+/// WHERE g.last_fence <= EXCLUDED.last_fence
 /// RETURNING g.resource
 /// ```
+///
+/// With [`fence_check(FenceCheck::Strict)`](Self::fence_check) the comparison is
+/// `g.last_fence < EXCLUDED.last_fence`: each fence is claimed once.
 ///
 /// This is the classic `SELECT last_fence … FOR UPDATE`, compare, mutate, `UPDATE` guard,
 /// `COMMIT`, in one round trip and with nothing for the caller to forget: the row stays
@@ -62,6 +66,7 @@ const RELEASE_SAVEPOINT: &str = "RELEASE SAVEPOINT redfence_claim_guards";
 #[derive(Clone)]
 pub struct FenceGuards {
     table: String,
+    check: FenceCheck,
     claim: String,
     last: String,
     create: String,
@@ -83,15 +88,11 @@ impl FenceGuards {
     /// [`PostgresCounter::table`].
     pub fn in_table(table: &str) -> Self {
         let t = quote_table(table);
+        let check = FenceCheck::default();
         FenceGuards {
             table: table.to_owned(),
-            claim: format!(
-                "INSERT INTO {t} AS g (resource, last_fence) \
-                 SELECT r, $2 FROM unnest($1::text[]) AS r ORDER BY r \
-                 ON CONFLICT (resource) DO UPDATE SET last_fence = EXCLUDED.last_fence \
-                 WHERE g.last_fence < EXCLUDED.last_fence \
-                 RETURNING g.resource"
-            ),
+            check,
+            claim: claim_sql(&t, check),
             last: format!("SELECT resource, last_fence FROM {t} WHERE resource = ANY($1)"),
             create: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (\
@@ -100,6 +101,16 @@ impl FenceGuards {
                  )"
             ),
         }
+    }
+
+    /// Which fences a claim accepts: [`FenceCheck::AllowOwnerRewrite`] (a fence equal to
+    /// the guard's is accepted: the owner claims again) or [`FenceCheck::Strict`] (only a
+    /// greater one). Defaults to [`FenceCheck::AllowOwnerRewrite`].
+    #[must_use]
+    pub fn fence_check(mut self, check: FenceCheck) -> Self {
+        self.check = check;
+        self.claim = claim_sql(&quote_table(&self.table), check);
+        self
     }
 
     /// The guard table's name, as given.
@@ -132,14 +143,15 @@ impl FenceGuards {
     }
 
     /// Claims the guard of `resource` for `fence` in `tx`: locks its row until `tx` ends,
-    /// refuses a fence not greater than the last one accepted, and records `fence`
+    /// refuses a fence smaller than the last one accepted (or equal to it, with
+    /// [`FenceCheck::Strict`]), and records `fence`
     /// (visible to others when `tx` commits, undone if it rolls back). Run the mutations
     /// after it, in `tx`.
     ///
     /// # Errors
     ///
-    /// [`FencedWriteError::Stale`] when a fence greater than or equal to `fence` was
-    /// accepted (roll back and stop), [`FencedWriteError::FenceOutOfRange`] for a fence
+    /// [`FencedWriteError::Stale`] when a fence greater than `fence` (or equal, with
+    /// [`FenceCheck::Strict`]) was accepted (roll back and stop), [`FencedWriteError::FenceOutOfRange`] for a fence
     /// above `i64::MAX`, [`FencedWriteError::Database`] when the statement fails.
     pub async fn claim(
         &self,
@@ -264,10 +276,23 @@ impl FenceGuards {
     }
 }
 
+/// The claim statement: upserts each guard row in sorted order, where `check` accepts it.
+fn claim_sql(table: &str, check: FenceCheck) -> String {
+    format!(
+        "INSERT INTO {table} AS g (resource, last_fence) \
+         SELECT r, $2 FROM unnest($1::text[]) AS r ORDER BY r \
+         ON CONFLICT (resource) DO UPDATE SET last_fence = EXCLUDED.last_fence \
+         WHERE g.last_fence {op} EXCLUDED.last_fence \
+         RETURNING g.resource",
+        op = check.accepts_op()
+    )
+}
+
 impl fmt::Debug for FenceGuards {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FenceGuards")
             .field("table", &self.table)
+            .field("check", &self.check)
             .finish_non_exhaustive()
     }
 }

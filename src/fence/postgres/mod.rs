@@ -6,19 +6,23 @@
 //!
 //! # The two storage-side forms
 //!
-//! Both reject a write whose fence is not greater than the last one accepted, with a typed
+//! Both reject a write whose fence is **smaller** than the last one accepted, with a typed
 //! [`StaleFence`] (inside [`FencedWriteError::Stale`]): the caller has **lost ownership**
-//! and must stop, not retry the same write.
+//! and must stop, not retry the same write. The owner's own fence is accepted again, so it
+//! may write as often as it likes during one acquisition: tokens are unique per
+//! acquisition, so a stale owner always holds a smaller one. [`FenceCheck::Strict`] also
+//! rejects an equal fence, for writes that must happen once per acquisition.
 //!
 //! - [`FencedUpdate`], the single-statement form, for a write that is one `UPDATE` of one row
 //!   that carries its own `last_fence` column:
-//!   `UPDATE t SET …, last_fence = $fence WHERE id = $id AND last_fence < $fence`.
+//!   `UPDATE t SET …, last_fence = $fence WHERE id = $id AND last_fence <= $fence`.
 //!   Zero rows is told apart: stale ([`FencedWriteError::Stale`]) or no such row
 //!   ([`FencedWriteError::NotFound`]).
 //! - [`FenceGuards`], the guard-row form, for anything else (several statements, several
 //!   tables, inserts): one guard row per resource, claimed inside the caller's transaction
 //!   before the mutations, released by its commit or rollback.
 
+mod check;
 mod counter;
 mod error;
 mod guards;
@@ -27,6 +31,7 @@ mod update;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Config, GenericClient};
 
+pub use check::FenceCheck;
 pub use counter::{DEFAULT_FENCE_TABLE, DEFAULT_POSTGRES_FENCE_TIMEOUT, PostgresCounter};
 pub use error::{FencedWriteError, StaleFence};
 pub use guards::{DEFAULT_GUARD_TABLE, FenceGuards};

@@ -5,18 +5,23 @@ use std::fmt;
 use tokio_postgres::GenericClient;
 use tokio_postgres::types::ToSql;
 
-use super::{FencedWriteError, StaleFence, quote_ident, quote_table};
+use super::{FenceCheck, FencedWriteError, StaleFence, quote_ident, quote_table};
 
 /// Default [`FencedUpdate::fence_column`]: `last_fence`.
 pub const DEFAULT_FENCE_COLUMN: &str = "last_fence";
 
 /// The single-statement form: one `UPDATE` of one row that carries its own fence column,
-/// applied only if the fence is greater than the row's.
+/// applied only if the row's fence is not greater than the one offered: a smaller fence
+/// (a stale owner) is refused, the owner's own fence is accepted again, so it may write the
+/// row several times per acquisition.
 ///
 /// ```sql
 /// UPDATE invoices SET status = $3, last_fence = $1
-/// WHERE id = $2 AND (last_fence IS NULL OR last_fence < $1)
+/// WHERE id = $2 AND (last_fence IS NULL OR last_fence <= $1)
 /// ```
+///
+/// With [`fence_check(FenceCheck::Strict)`](Self::fence_check) the comparison is
+/// `last_fence < $1`: each fence is accepted once.
 ///
 /// When no row is updated, a follow-up `SELECT` in the same session tells why: a stale
 /// fence ([`FencedWriteError::Stale`]) or no such row ([`FencedWriteError::NotFound`]).
@@ -58,6 +63,7 @@ pub struct FencedUpdate<'a> {
     key_column: String,
     key: &'a (dyn ToSql + Sync),
     fence_column: String,
+    check: FenceCheck,
     sets: Vec<(String, Value<'a>)>,
 }
 
@@ -74,6 +80,7 @@ impl<'a> FencedUpdate<'a> {
             key_column: key_column.to_owned(),
             key,
             fence_column: DEFAULT_FENCE_COLUMN.to_owned(),
+            check: FenceCheck::default(),
             sets: Vec::new(),
         }
     }
@@ -81,6 +88,14 @@ impl<'a> FencedUpdate<'a> {
     /// The row's fence column. Defaults to `last_fence`.
     pub fn fence_column(mut self, column: &str) -> Self {
         self.fence_column = column.to_owned();
+        self
+    }
+
+    /// Which fences are accepted: [`FenceCheck::AllowOwnerRewrite`] (a fence equal to the
+    /// row's is accepted: the owner writes again) or [`FenceCheck::Strict`] (only a greater
+    /// one). Defaults to [`FenceCheck::AllowOwnerRewrite`].
+    pub fn fence_check(mut self, check: FenceCheck) -> Self {
+        self.check = check;
         self
     }
 
@@ -115,7 +130,8 @@ impl<'a> FencedUpdate<'a> {
         }
         format!(
             "UPDATE {table} SET {assignments}{fence_column} = $1 \
-             WHERE {key} = $2 AND ({fence_column} IS NULL OR {fence_column} < $1)",
+             WHERE {key} = $2 AND ({fence_column} IS NULL OR {fence_column} {op} $1)",
+            op = self.check.accepts_op(),
             table = quote_table(&self.table),
             key = quote_ident(&self.key_column),
         )
@@ -126,7 +142,8 @@ impl<'a> FencedUpdate<'a> {
     ///
     /// # Errors
     ///
-    /// [`FencedWriteError::Stale`] when the row's fence is greater than or equal to `fence`
+    /// [`FencedWriteError::Stale`] when the row's fence is greater than `fence` (or equal,
+    /// with [`FenceCheck::Strict`])
     /// (nothing was changed: roll back and stop), [`FencedWriteError::NotFound`] when no row
     /// has the key, [`FencedWriteError::FenceOutOfRange`] for a fence above `i64::MAX`, and
     /// [`FencedWriteError::Database`] when a statement fails.
@@ -165,7 +182,7 @@ impl<'a> FencedUpdate<'a> {
             None => None,
         };
         match last {
-            Some(last) if last >= fence_param => Err(StaleFence {
+            Some(last) if self.check.refuses(fence_param, last) => Err(StaleFence {
                 resource: format!("{}({} = {:?})", self.table, self.key_column, self.key),
                 offered: fence,
                 last_accepted: u64::try_from(last).unwrap_or(0),
@@ -202,7 +219,13 @@ mod tests {
         assert_eq!(
             update.sql(),
             "UPDATE \"invoices\" SET \"status\" = $3, \"posted_at\" = now(), \"amount\" = $4, \
-             \"last_fence\" = $1 WHERE \"id\" = $2 AND (\"last_fence\" IS NULL OR \"last_fence\" < $1)"
+             \"last_fence\" = $1 WHERE \"id\" = $2 AND (\"last_fence\" IS NULL OR \"last_fence\" <= $1)"
+        );
+        assert!(
+            update
+                .fence_check(FenceCheck::Strict)
+                .sql()
+                .ends_with("(\"last_fence\" IS NULL OR \"last_fence\" < $1)")
         );
     }
 }
