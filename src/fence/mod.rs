@@ -67,6 +67,7 @@
 //! is monotonic for every resource); one per resource lets unrelated resources proceed
 //! without contending on one row or key.
 
+mod batch;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod redis;

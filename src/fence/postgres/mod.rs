@@ -26,6 +26,8 @@ mod check;
 mod counter;
 mod error;
 mod guards;
+mod issuer;
+mod sql;
 mod update;
 
 use tokio_postgres::error::SqlState;
