@@ -1181,6 +1181,323 @@ mod pg {
         owner.release().await.expect("release");
     }
 
+    /// Issue 8, item 9: PostgreSQL `text` cannot hold NUL, so such a name is refused before
+    /// any traffic, with a typed error, and nothing is locked.
+    #[tokio::test]
+    async fn a_resource_name_with_nul_is_refused_before_any_traffic() {
+        let servers = Servers::start(3);
+        let pg = Postgres::start();
+        let redlock = servers
+            .builder()
+            .fencing(PostgresCounter::connect(&pg.url()).expect("config"))
+            .build()
+            .expect("config");
+        let err = redlock
+            .acquire(&["ok", "a\0b"], TTL)
+            .await
+            .expect_err("NUL cannot be fenced");
+        match &err {
+            Error::InvalidInput(redfence::InvalidInput::ResourceNotFenceable { index, reason }) => {
+                assert_eq!(*index, 1);
+                assert!(
+                    reason.contains("NUL") && reason.contains("PostgreSQL"),
+                    "{reason}"
+                );
+            }
+            other => panic!("expected ResourceNotFenceable, got {other:?}"),
+        }
+        assert!((0..servers.len()).all(|i| servers.keys(i).is_empty()));
+        // The counter was never asked: its table does not exist.
+        let table: Option<String> = pg
+            .client()
+            .await
+            .query_one("SELECT to_regclass('redfence_fences')::text", &[])
+            .await
+            .expect("select")
+            .get(0);
+        assert_eq!(table, None);
+    }
+
+    /// Rows whose lock another session holds, so that a batch touching them waits in the
+    /// server until the session ends: a batch "in flight" for as long as a test needs.
+    async fn hold_rows(pg: &Postgres, resources: &[&str]) -> Client {
+        let holder = pg.client().await;
+        holder.batch_execute("BEGIN").await.expect("begin");
+        let names = names(resources);
+        let rows = holder
+            .execute(
+                "SELECT 1 FROM redfence_fences WHERE resource = ANY($1) FOR UPDATE",
+                &[&names],
+            )
+            .await
+            .expect("lock the rows");
+        assert_eq!(rows as usize, resources.len(), "the rows exist");
+        holder
+    }
+
+    /// Waits until `n` statements wait for a row lock.
+    async fn lock_waiters(pg: &Postgres, n: i64) -> bool {
+        let client = pg.client().await;
+        let deadline = Instant::now() + support::DEADLINE;
+        while Instant::now() < deadline {
+            let waiting: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                    &[],
+                )
+                .await
+                .expect("select")
+                .get(0);
+            if waiting >= n {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    /// Whether every node holds a key for each of `resources`: those locks were granted and
+    /// now wait for their fence.
+    async fn all_granted(servers: &Servers, resources: &[&str]) -> bool {
+        eventually(|| {
+            resources
+                .iter()
+                .all(|r| (0..servers.len()).all(|i| servers.get(i, r).is_some()))
+        })
+        .await
+    }
+
+    fn patient(servers: &Servers, counter: PostgresCounter) -> redfence::Redlock {
+        servers
+            .builder()
+            .fencing(counter.timeout(Duration::from_secs(20)))
+            .fencing_timeout(Duration::from_secs(20))
+            .build()
+            .expect("config")
+    }
+
+    const LONG: Duration = Duration::from_secs(30);
+
+    /// Issue 15: 64 concurrent fenced acquisitions on 8 resources, through the group
+    /// commit: per resource, tokens strictly increase in order of acquisition; none repeats.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn group_commit_keeps_tokens_increasing_per_resource() {
+        const TASKS: usize = 64;
+        const ROUNDS: usize = 5;
+        let servers = Servers::start(3);
+        let pg = Postgres::start();
+        let redlock = servers
+            .builder()
+            .fencing(
+                PostgresCounter::connect(&pg.url())
+                    .expect("config")
+                    .timeout(Duration::from_secs(10)),
+            )
+            .fencing_timeout(Duration::from_secs(10))
+            .retry_count(1_000_000)
+            .retry_delay(Duration::from_millis(2))
+            .retry_jitter(Duration::from_millis(2))
+            .build()
+            .expect("config");
+        let resources: Vec<String> = (0..8).map(|r| format!("account:{r}")).collect();
+        let logs: Arc<Vec<Mutex<Vec<u64>>>> =
+            Arc::new((0..8).map(|_| Mutex::new(Vec::new())).collect());
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|t| {
+                let (redlock, logs) = (redlock.clone(), Arc::clone(&logs));
+                let resource = resources[t % 8].clone();
+                tokio::spawn(async move {
+                    for _ in 0..ROUNDS {
+                        let lock = redlock.acquire(&[&resource], LONG).await.expect("acquire");
+                        let fence = lock.fence().expect("fence");
+                        // Inside the critical section: each log is in acquisition order.
+                        logs[t % 8].lock().expect("log").push(fence);
+                        lock.release().await.expect("release");
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("task");
+        }
+        let mut all = Vec::new();
+        for (r, log) in logs.iter().enumerate() {
+            let log = log.lock().expect("log");
+            assert_eq!(log.len(), TASKS / 8 * ROUNDS, "account:{r}");
+            for pair in log.windows(2) {
+                assert!(
+                    pair[0] < pair[1],
+                    "account:{r}: {} after {}",
+                    pair[1],
+                    pair[0]
+                );
+            }
+            all.extend(log.iter().map(|f| (r, *f)));
+        }
+        let count = all.len();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), count, "a token repeated for a resource");
+        assert!(no_key_left(&servers).await);
+    }
+
+    /// Issue 15: a batch cut off by `pg_ctl stop -m immediate` while it is in the server:
+    /// every lock in it fails closed, and after the restart new tokens are above every token
+    /// handed out.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_cut_off_by_a_crash_fails_every_lock_in_it() {
+        let servers = Servers::start(3);
+        let mut pg = Postgres::start();
+        let counter = PostgresCounter::connect(&pg.url()).expect("config");
+        let redlock = patient(&servers, counter);
+        let batch: Vec<String> = (0..8).map(|i| format!("job:{i}")).collect();
+        let mut handed_out = std::collections::HashMap::new();
+        for r in batch.iter().map(String::as_str).chain(["gate"]) {
+            let lock = redlock.acquire(&[r], LONG).await.expect("prime");
+            handed_out.insert(r.to_owned(), lock.fence().expect("fence"));
+            lock.release().await.expect("release");
+        }
+
+        // Batch 1 (the gate) waits in the server; the eight queue behind it.
+        let gate = hold_rows(&pg, &["gate"]).await;
+        let first = tokio::spawn({
+            let redlock = redlock.clone();
+            async move { redlock.acquire(&["gate"], LONG).await }
+        });
+        assert!(
+            lock_waiters(&pg, 1).await,
+            "batch 1 did not reach the server"
+        );
+        let held = hold_rows(&pg, &["job:3"]).await;
+        let cut: Vec<_> = batch
+            .iter()
+            .map(|r| {
+                let (redlock, r) = (redlock.clone(), r.clone());
+                tokio::spawn(async move { redlock.acquire(&[&r], LONG).await })
+            })
+            .collect();
+        let names: Vec<&str> = batch.iter().map(String::as_str).collect();
+        assert!(
+            all_granted(&servers, &names).await,
+            "the eight were not granted"
+        );
+        // Batch 1 commits; batch 2 (the eight together) then waits for job:3's row.
+        gate.batch_execute("COMMIT").await.expect("commit");
+        let first = first.await.expect("task").expect("batch 1 commits");
+        handed_out.insert("gate".to_owned(), first.fence().expect("fence"));
+        assert!(
+            lock_waiters(&pg, 1).await,
+            "batch 2 did not reach the server"
+        );
+
+        pg.stop_immediate();
+        drop(held);
+        for task in cut {
+            let err = task.await.expect("task").expect_err("cut off");
+            assert!(matches!(err, Error::Fencing(_)), "{err:?}");
+        }
+        // Fail closed: none of the eight is left locked.
+        assert!(
+            eventually(|| names
+                .iter()
+                .all(|r| (0..servers.len()).all(|i| servers.get(i, r).is_none())))
+            .await
+        );
+        first.release().await.expect("release");
+
+        pg.start_again();
+        for r in names.iter().copied().chain(["gate"]) {
+            let lock = redlock
+                .acquire(&[r], LONG)
+                .await
+                .expect("after the restart");
+            let fence = lock.fence().expect("fence");
+            let last = handed_out[r];
+            assert!(
+                fence > last,
+                "{r}: {fence} after a restart, {last} handed out before"
+            );
+            lock.release().await.expect("release");
+        }
+        assert!(no_key_left(&servers).await);
+    }
+
+    /// Issue 15: an acquisition cancelled while its batch is in flight: its token is skipped,
+    /// and the others in the batch get theirs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cancelled_acquisition_skips_its_token_and_spares_its_batch() {
+        let servers = Servers::start(3);
+        let pg = Postgres::start();
+        let counter = PostgresCounter::connect(&pg.url()).expect("config");
+        let redlock = patient(&servers, counter);
+        let resources = ["c:1", "c:2", "c:3", "c:4", "gate"];
+        let mut before = std::collections::HashMap::new();
+        for r in resources {
+            let lock = redlock.acquire(&[r], LONG).await.expect("prime");
+            before.insert(r, lock.fence().expect("fence"));
+            lock.release().await.expect("release");
+        }
+
+        let gate = hold_rows(&pg, &["gate"]).await;
+        let first = tokio::spawn({
+            let redlock = redlock.clone();
+            async move { redlock.acquire(&["gate"], LONG).await }
+        });
+        assert!(
+            lock_waiters(&pg, 1).await,
+            "batch 1 did not reach the server"
+        );
+        let held = hold_rows(&pg, &["c:1"]).await;
+        let spawn = |r: &'static str| {
+            let redlock = redlock.clone();
+            tokio::spawn(async move { redlock.acquire(&[r], LONG).await })
+        };
+        let cancelled = spawn("c:1");
+        let others = [spawn("c:2"), spawn("c:3"), spawn("c:4")];
+        assert!(all_granted(&servers, &["c:1", "c:2", "c:3", "c:4"]).await);
+        gate.batch_execute("COMMIT").await.expect("commit");
+        first
+            .await
+            .expect("task")
+            .expect("batch 1")
+            .release()
+            .await
+            .expect("release");
+        // Batch 2 (all four) waits in the server for c:1's row; cancel c:1's acquisition.
+        assert!(
+            lock_waiters(&pg, 1).await,
+            "batch 2 did not reach the server"
+        );
+        cancelled.abort();
+        assert!(cancelled.await.expect_err("aborted").is_cancelled());
+        // The cancelled acquisition releases its keys in the background.
+        assert!(eventually(|| (0..servers.len()).all(|i| servers.get(i, "c:1").is_none())).await);
+        held.batch_execute("COMMIT").await.expect("commit");
+
+        // The others in the batch are unaffected.
+        for (task, r) in others.into_iter().zip(["c:2", "c:3", "c:4"]) {
+            let lock = task.await.expect("task").expect("the batch commits");
+            assert_eq!(lock.fence(), Some(before[r] + 1), "{r}");
+            lock.release().await.expect("release");
+        }
+        // The cancelled request's token was committed and is skipped: the next is above it.
+        let skipped: i64 = pg
+            .client()
+            .await
+            .query_one(
+                "SELECT last_fence FROM redfence_fences WHERE resource = 'c:1'",
+                &[],
+            )
+            .await
+            .expect("select")
+            .get(0);
+        assert_eq!(skipped as u64, before["c:1"] + 1, "the skipped token");
+        let lock = redlock.acquire(&["c:1"], LONG).await.expect("acquire");
+        assert_eq!(lock.fence(), Some(skipped as u64 + 1));
+        lock.release().await.expect("release");
+        assert!(no_key_left(&servers).await);
+    }
+
     #[tokio::test]
     async fn a_paused_postgres_times_out_and_the_counter_recovers() {
         let servers = Servers::start(3);
