@@ -275,6 +275,40 @@ async fn redis_counter_multi_resource_tokens_exceed_every_resource() {
     assert_eq!(next(&["a", "b"]).await, 14);
 }
 
+/// Issue 15: requests that arrive while a script call is in flight go together in the next
+/// one, handled in arrival order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_counter_coalesces_requests_behind_a_call_in_flight() {
+    let store = Servers::start(1);
+    let counter = RedisCounter::open(&store.url(0)).expect("url");
+    // Connected, script loaded.
+    assert_eq!(counter.next_fence(&names(&["warm"])).await.ok(), Some(1));
+    let _: () = store.cmd(0, &["CONFIG", "RESETSTAT"]);
+
+    // The server is frozen, so the first call stays in flight while the others queue.
+    store.pause(0);
+    let requests: Vec<Vec<String>> = (0..64).map(|j| names(&[&format!("r{}", j % 8)])).collect();
+    let calls = futures::future::join_all(requests.iter().map(|r| counter.next_fence(r)));
+    let resume = async { store.resume(0) };
+    let (tokens, ()) = futures::join!(calls, resume);
+    let tokens: Vec<u64> = tokens.into_iter().map(|t| t.expect("fence")).collect();
+
+    // Per resource, in arrival order: 1, 2, ... 8.
+    for r in 0..8 {
+        let mine: Vec<u64> = tokens.iter().skip(r).step_by(8).copied().collect();
+        assert_eq!(mine, (1..=8).collect::<Vec<u64>>(), "r{r}");
+    }
+    let info: String = store.cmd(0, &["INFO", "commandstats"]);
+    let calls: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .expect("evalsha calls");
+    // One call in flight when the server froze, then everything queued behind it.
+    assert!(calls <= 2, "64 requests took {calls} script calls");
+}
+
 #[tokio::test]
 async fn redis_counter_times_out_on_a_paused_primary() {
     let locks = Servers::start(3);
