@@ -41,6 +41,19 @@
 //! | [`RedisCounter`] | one Redis primary's history of acknowledged writes | that primary loses a write: restart without `appendfsync always`, **failover** to an asynchronously replicated replica, restore from an older snapshot |
 //! | `PostgresCounter` (feature `postgres`) | every committed transaction: survives crashes through the WAL, and failover with synchronous replication | the database itself loses committed transactions (`fsync = off`, asynchronous standby promoted, restore from an old backup) |
 //!
+//! `RedisCounter` and `PostgresCounter` **group-commit**: one call (a script call, a
+//! statement) is in flight at a time, and requests that arrive meanwhile go together in the
+//! next one, in arrival order; a request that finds nothing in flight goes out at once. The
+//! batches keep the guarantees above, and fail like this:
+//!
+//! | event | effect |
+//! | --- | --- |
+//! | a batch commits | every request in it gets its token, after the commit; tokens of one resource increase in arrival order |
+//! | a batch fails, or takes longer than the counter's `timeout` | every request in it fails, and each of those locks is released (fail closed) |
+//! | a batch may have committed (a timeout, a lost connection) | its tokens are never handed out: gaps, never a repeat |
+//! | a request's caller gives up before its batch goes out | the request is skipped |
+//! | a request's caller gives up while its batch is in flight | its token is skipped; the other requests of the batch are unaffected |
+//!
 //! **On Redis failover** replication is asynchronous, so the promoted replica may lack the
 //! last increments and issue those tokens again. The danger is an old owner holding a
 //! token *greater* than the new owner's: A gets 42 from the old primary, which dies before

@@ -11,8 +11,8 @@ use super::chain;
     "stale fence for {resource}: offered {offered}, but {last_accepted} was already accepted (ownership of the lock was lost)"
 )]
 pub struct StaleFence {
-    /// What was guarded: the guard's resource name ([`FenceGuards`]), or
-    /// `table(key_column = key)` for a [`FencedUpdate`].
+    /// What was guarded: the guard's resource name ([`FenceGuards`](super::FenceGuards)), or
+    /// `table(key_column = key)` for a [`FencedUpdate`](super::FencedUpdate).
     pub resource: String,
     /// The fence the write carried.
     pub offered: u64,
@@ -29,7 +29,7 @@ pub enum FencedWriteError {
     #[error(transparent)]
     Stale(#[from] StaleFence),
 
-    /// A [`FencedUpdate`] matched no row: there is no row with that key (at the time of
+    /// A [`FencedUpdate`](super::FencedUpdate) matched no row: there is no row with that key (at the time of
     /// the update). Not an ownership problem.
     #[error("fenced update of {table}: no row with {key_column} = {key}")]
     NotFound {
@@ -46,12 +46,12 @@ pub enum FencedWriteError {
     #[error("fence {0} does not fit a bigint column (the largest is {max})", max = i64::MAX)]
     FenceOutOfRange(u64),
 
-    /// [`FenceGuards::claim_lock`] was given a lock that carries no fence: the lock
+    /// [`FenceGuards::claim_lock`](super::FenceGuards::claim_lock) was given a lock that carries no fence: the lock
     /// manager has no fencing counter configured.
     #[error("the lock on {0:?} carries no fence: configure a counter with RedlockBuilder::fencing")]
     NoFence(Vec<String>),
 
-    /// [`FenceGuards::claim_all`] was given no resource, which would protect nothing.
+    /// [`FenceGuards::claim_all`](super::FenceGuards::claim_all) was given no resource, which would protect nothing.
     #[error("no resource to claim a guard for")]
     NoResource,
 

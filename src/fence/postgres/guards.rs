@@ -85,7 +85,7 @@ impl FenceGuards {
     }
 
     /// Guards in `table`, optionally schema-qualified; quoted as identifiers like
-    /// [`PostgresCounter::table`].
+    /// [`PostgresCounter::table`](super::PostgresCounter::table).
     pub fn in_table(table: &str) -> Self {
         let t = quote_table(table);
         let check = FenceCheck::default();

@@ -1,7 +1,7 @@
 //! How [`PostgresCounter`](super::PostgresCounter) issues a batch of tokens: its connection
 //! (shared or its own, reconnecting), the batch statements, and the retries.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
@@ -152,7 +152,8 @@ impl PgIssuer {
         }
     }
 
-    /// Only single-resource requests: one upsert, which also creates new rows.
+    /// Only single-resource requests: one upsert, which also creates new rows. The simplest
+    /// statement that fits: one request, distinct resources, or any.
     async fn singles(
         &self,
         client: &Client,
@@ -162,6 +163,17 @@ impl PgIssuer {
             .iter()
             .filter_map(|names| names.first().map(String::as_str))
             .collect();
+        if let [name] = names[..] {
+            let row = client
+                .query_typed_one(&self.sql.single, &[(&name, Type::TEXT)])
+                .await
+                .map_err(|err| CounterError::pg(self.step("incrementing", requests), err))?;
+            return Ok(vec![token(&row, 0, &self.step("reading", requests))?]);
+        }
+        let distinct: BTreeSet<&str> = names.iter().copied().collect();
+        if distinct.len() == names.len() {
+            return self.distinct(client, requests, &names).await;
+        }
         let rows = client
             .query_typed(&self.sql.singles, &[(&names, Type::TEXT_ARRAY)])
             .await
@@ -187,6 +199,37 @@ impl PgIssuer {
             ));
         }
         Ok(tokens)
+    }
+
+    /// Single-resource requests on distinct resources: each row is incremented once.
+    async fn distinct(
+        &self,
+        client: &Client,
+        requests: &[&[String]],
+        names: &[&str],
+    ) -> Result<Vec<u64>, CounterError> {
+        let rows = client
+            .query_typed(&self.sql.distinct, &[(&names, Type::TEXT_ARRAY)])
+            .await
+            .map_err(|err| CounterError::pg(self.step("incrementing", requests), err))?;
+        let mut tokens: HashMap<String, u64> = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let resource: String = row
+                .try_get(0)
+                .map_err(|err| CounterError::pg(self.step("reading", requests), err))?;
+            tokens.insert(resource, token(row, 1, &self.step("reading", requests))?);
+        }
+        names
+            .iter()
+            .map(|name| {
+                tokens.get(*name).copied().ok_or_else(|| {
+                    CounterError::new(
+                        self.step("reading", requests),
+                        format!("no token for {name:?} (a row deleted concurrently?)"),
+                    )
+                })
+            })
+            .collect()
     }
 
     /// A batch with a multi-resource request: the rows are locked in sorted order and every

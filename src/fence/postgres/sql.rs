@@ -5,6 +5,12 @@ use super::quote_table;
 /// Every statement the counter sends, with the table name quoted in.
 #[derive(Clone)]
 pub(super) struct CounterSql {
+    /// One request on one resource (a batch of one: the common case when idle). `$1`: the
+    /// resource. Returns its token.
+    pub(super) single: String,
+    /// Single-resource requests on distinct resources, in one upsert. `$1`: the resources.
+    /// Returns `(resource, token)` per request.
+    pub(super) distinct: String,
     /// A batch of single-resource requests, in one upsert (rows are created as needed).
     /// `$1`: the resource of each request, in arrival order. Returns `(ordinal, token)` per
     /// request: the `k`-th of `n` requests on a resource gets `last + k`, and the row
@@ -27,6 +33,17 @@ impl CounterSql {
     pub(super) fn new(table: &str) -> Self {
         let t = quote_table(table);
         CounterSql {
+            single: format!(
+                "INSERT INTO {t} AS f (resource, last_fence) VALUES ($1, 1) \
+                 ON CONFLICT (resource) DO UPDATE SET last_fence = f.last_fence + 1 \
+                 RETURNING last_fence"
+            ),
+            distinct: format!(
+                "INSERT INTO {t} AS f (resource, last_fence) \
+                 SELECT r, 1 FROM unnest($1::text[]) AS r ORDER BY r \
+                 ON CONFLICT (resource) DO UPDATE SET last_fence = f.last_fence + 1 \
+                 RETURNING f.resource, f.last_fence"
+            ),
             singles: format!(
                 "WITH req AS (\
                      SELECT u.r, u.i FROM unnest($1::text[]) WITH ORDINALITY AS u(r, i)\

@@ -29,7 +29,7 @@ pub const DEFAULT_FENCE_COLUMN: &str = "last_fence";
 /// accepted yet"); the key column must be unique. Table and column names are quoted as
 /// identifiers (case-sensitive; `schema.table` is split at the dot); values are parameters.
 ///
-/// Run it on a [`Transaction`] to make it part of a larger atomic write, or on a `Client`
+/// Run it on a [`Transaction`](tokio_postgres::Transaction) to make it part of a larger atomic write, or on a `Client`
 /// for a write that is this one statement.
 ///
 /// ```no_run
@@ -137,7 +137,7 @@ impl<'a> FencedUpdate<'a> {
         )
     }
 
-    /// Applies the update with `fence` on `client` (a [`Transaction`] or a `Client`);
+    /// Applies the update with `fence` on `client` (a [`Transaction`](tokio_postgres::Transaction) or a `Client`);
     /// returns how many rows it changed (1 with a unique key).
     ///
     /// # Errors
