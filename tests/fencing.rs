@@ -1532,6 +1532,104 @@ mod pg {
         assert!(no_key_left(&servers).await);
     }
 
+    /// Issue 15: one batch may hold several requests on one resource, and multi-resource
+    /// requests: tokens still increase per resource in arrival order, and a multi-resource
+    /// token exceeds every earlier token of each of its resources.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_with_repeats_and_multi_resource_requests_keeps_arrival_order() {
+        let pg = Postgres::start();
+        let counter = PostgresCounter::connect(&pg.url())
+            .expect("config")
+            .timeout(Duration::from_secs(20));
+        for r in ["gate", "x", "y"] {
+            next(&counter, &[r]).await;
+        }
+        let shapes: [&[&[&str]]; 2] = [
+            // Singles only, with repeats.
+            &[&["x"], &["x"], &["y"], &["x"], &["new"], &["y"]],
+            // With multi-resource requests (and a resource seen for the first time).
+            &[
+                &["x"],
+                &["x", "y"],
+                &["y"],
+                &["x"],
+                &["z", "x"],
+                &["y", "z"],
+                &["z"],
+            ],
+        ];
+        let mut last: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+        for shape in shapes {
+            // The batch before waits in the server, so the whole shape queues behind it.
+            let gate = hold_rows(&pg, &["gate"]).await;
+            let gate_name = names(&["gate"]);
+            let mut first = Box::pin(counter.next_fence(&gate_name));
+            assert!(futures::poll!(&mut first).is_pending());
+            assert!(
+                lock_waiters(&pg, 1).await,
+                "the gate batch did not reach the server"
+            );
+            let requests: Vec<Vec<String>> = shape.iter().map(|r| names(r)).collect();
+            let mut queued = Box::pin(futures::future::join_all(
+                requests.iter().map(|r| counter.next_fence(r)),
+            ));
+            // Polled once: every request is queued, in order, behind the gate batch.
+            assert!(futures::poll!(&mut queued).is_pending());
+            gate.batch_execute("COMMIT").await.expect("commit");
+            let (first, tokens) = futures::join!(first, queued);
+            first.expect("gate");
+            for (set, token) in shape.iter().zip(tokens) {
+                let token = token.expect("fence");
+                for r in set.iter() {
+                    let before = last.insert(r, token).unwrap_or(0);
+                    assert!(token > before, "{set:?}: {token} after {before} for {r}");
+                }
+            }
+        }
+        let client = pg.client().await;
+        for (r, token) in last {
+            let stored: i64 = client
+                .query_one(
+                    "SELECT last_fence FROM redfence_fences WHERE resource = $1",
+                    &[&r],
+                )
+                .await
+                .expect("select")
+                .get(0);
+            assert_eq!(stored as u64, token, "{r}");
+        }
+    }
+
+    /// The counter's background task, and with it its connection, end when it is dropped.
+    #[tokio::test]
+    async fn dropping_the_counter_closes_its_connection() {
+        let pg = Postgres::start();
+        let client = pg.client().await;
+        let backends = || async {
+            client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'",
+                    &[],
+                )
+                .await
+                .expect("select")
+                .get::<_, i64>(0)
+        };
+        let alone = backends().await;
+        let counter = PostgresCounter::connect(&pg.url()).expect("config");
+        next(&counter, &["r"]).await;
+        assert_eq!(backends().await, alone + 1);
+        drop(counter);
+        let deadline = Instant::now() + support::DEADLINE;
+        while backends().await > alone {
+            assert!(
+                Instant::now() < deadline,
+                "the counter's connection is still open"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     #[tokio::test]
     async fn a_paused_postgres_times_out_and_the_counter_recovers() {
         let servers = Servers::start(3);
