@@ -267,6 +267,12 @@ impl FencingCounter for PostgresCounter {
             if names.is_empty() {
                 return Err(CounterError::new("checking the request", "no resource given").into());
             }
+            // A name PostgreSQL refuses would fail the whole batch it joins: refuse it alone.
+            for name in &names {
+                if let Err(reason) = self.check_resource(name) {
+                    return Err(CounterError::new(format!("checking {name:?}"), reason).into());
+                }
+            }
             match tokio::time::timeout(self.timeout, self.batcher.request(names)).await {
                 Ok(result) => result,
                 Err(_) => Err(CounterError::new(
@@ -320,6 +326,19 @@ mod tests {
             reason.contains("NUL") && reason.contains("PostgreSQL"),
             "{reason}"
         );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_name_with_nul_is_refused_before_it_joins_a_batch()
+    -> Result<(), tokio_postgres::Error> {
+        // Nothing listens there: had the request been queued, it would fail to connect.
+        let counter = PostgresCounter::connect("host=127.0.0.1 port=1 user=app")?;
+        let err = counter
+            .next_fence(&["ok".to_owned(), "a\0b".to_owned()])
+            .await
+            .expect_err("NUL");
+        assert!(err.to_string().contains("NUL"), "{err}");
         Ok(())
     }
 }

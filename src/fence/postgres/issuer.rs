@@ -330,12 +330,17 @@ fn token(row: &Row, column: usize, step: &str) -> Result<u64, CounterError> {
     positive(Some(value), step)
 }
 
+/// A token from a counter value: positive, or an error (`None` is an overflow).
 fn positive(value: Option<i64>, step: &str) -> Result<u64, CounterError> {
-    match value.map(u64::try_from) {
-        Some(Ok(token)) if token > 0 => Ok(token),
-        _ => Err(CounterError::new(
+    match value {
+        Some(value) if value > 0 => Ok(value.unsigned_abs()),
+        Some(value) => Err(CounterError::new(
             step.to_owned(),
-            format!("the counter returned {value:?}, not a positive token"),
+            format!("the counter returned {value}, not a positive token"),
+        )),
+        None => Err(CounterError::new(
+            step.to_owned(),
+            "the counter reached the largest bigint",
         )),
     }
 }
