@@ -596,6 +596,8 @@ mod pg {
                     .timeout(Duration::from_secs(5)),
             )
             .fencing_timeout(Duration::from_secs(5))
+            // The machine is loaded: a release must not fail on a starved 50 ms node call.
+            .node_timeout(Duration::from_millis(500))
             .retry_count(1_000_000)
             .retry_delay(Duration::from_millis(1))
             .retry_jitter(Duration::from_millis(1))
@@ -1306,6 +1308,7 @@ mod pg {
             .builder()
             .fencing(counter.timeout(Duration::from_secs(20)))
             .fencing_timeout(Duration::from_secs(20))
+            .node_timeout(Duration::from_millis(500))
             .build()
             .expect("config")
     }
@@ -1328,9 +1331,10 @@ mod pg {
                     .timeout(Duration::from_secs(10)),
             )
             .fencing_timeout(Duration::from_secs(10))
+            .node_timeout(Duration::from_millis(500))
             .retry_count(1_000_000)
-            .retry_delay(Duration::from_millis(2))
-            .retry_jitter(Duration::from_millis(2))
+            .retry_delay(Duration::from_millis(5))
+            .retry_jitter(Duration::from_millis(5))
             .build()
             .expect("config");
         let resources: Vec<String> = (0..8).map(|r| format!("account:{r}")).collect();
