@@ -210,7 +210,7 @@ async fn issue<I: IssueBatch>(
 mod tests {
     use super::*;
 
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
     use tokio::sync::Notify;
 
@@ -221,9 +221,9 @@ mod tests {
         next: AtomicUsize,
         gate: Notify,
         entered: Notify,
-        gated: std::sync::atomic::AtomicBool,
+        gated: AtomicBool,
         sizes: Mutex<Vec<usize>>,
-        fail: std::sync::atomic::AtomicBool,
+        fail: AtomicBool,
     }
 
     impl IssueBatch for Fake {
