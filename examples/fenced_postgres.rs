@@ -1,8 +1,9 @@
 //! A stale owner, stopped by PostgreSQL: the fencing story end to end.
 //!
 //! Worker A acquires a lock and stalls past its lease; worker B acquires the lock, gets a
-//! greater fence and writes; A wakes up and writes with its old fence. PostgreSQL refuses
-//! A's write (`StaleFence`), and B's data is intact.
+//! greater fence and writes, twice (the owner's own fence is accepted again); A wakes up and
+//! writes with its old, smaller fence. PostgreSQL refuses A's write (`StaleFence`), and B's
+//! data is intact.
 //!
 //! ```sh
 //! # five independent Redis masters (or any odd number) and one PostgreSQL:
@@ -121,6 +122,8 @@ async fn run() -> Result<(), BoxError> {
     println!("B: acquired {RESOURCE:?} with fence {fence_b}");
     write(&db, "B", 150, fence_b).await?;
     println!("B: wrote owner = B, balance = 150 with fence {fence_b}: accepted");
+    write(&db, "B", 175, fence_b).await?;
+    println!("B: wrote balance = 175 with the same fence {fence_b}: accepted (its own fence)");
     lock_b.release().await?;
     println!("B: released");
 
@@ -178,7 +181,7 @@ async fn connect(config: &str) -> Result<Client, tokio_postgres::Error> {
     Ok(client)
 }
 
-/// The fenced write: one UPDATE that applies only if `fence` is newer than the row's.
+/// The fenced write: one UPDATE that applies only if `fence` is not smaller than the row's.
 async fn write(
     db: &Client,
     owner: &str,

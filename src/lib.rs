@@ -90,9 +90,11 @@ pub use error::{
     RenewalLimit,
 };
 pub use events::Event;
+pub use fence::counter::{FencingCounter, MemoryCounter};
 #[cfg(feature = "postgres")]
-pub use fence::PostgresCounter;
-pub use fence::{FencingCounter, MemoryCounter, RedisCounter};
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use fence::postgres::counter::PostgresCounter;
+pub use fence::redis::RedisCounter;
 pub use inner::{MAX_RESOURCES, MAX_TTL};
 pub use inspect::{
     Holder, Inspection, KeyState, NodeCheck, NodeReport, ResourceView, TOKEN_PREFIX_LEN,
@@ -109,6 +111,7 @@ pub use redis;
 /// The tokio-postgres crate redfence uses (feature `postgres`), so that callers name the same
 /// types (e.g. to pass a [`tokio_postgres::Client`] to [`PostgresCounter::new`]).
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use tokio_postgres;
 
 #[cfg(doctest)]

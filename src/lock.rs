@@ -51,7 +51,7 @@ impl Lock {
     }
 
     /// The fencing token issued for this acquisition, if a counter is configured. Send it with
-    /// every write; the storage must reject a write whose fence is not greater than the last
+    /// every write; the storage must reject a write whose fence is smaller than the last
     /// one it accepted.
     pub fn fence(&self) -> Option<u64> {
         self.fence

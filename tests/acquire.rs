@@ -9,6 +9,8 @@ use std::time::Duration;
 use redfence::{Error, LossReason, NodeFailure};
 use support::{Servers, eventually};
 
+/// A node timeout for tests that need every node's answer, not just a majority's.
+const PATIENT: Duration = Duration::from_millis(500);
 const TTL: Duration = Duration::from_secs(5);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -56,7 +58,13 @@ async fn sixteen_tasks_never_hold_the_same_resource_together() {
 #[tokio::test]
 async fn keys_and_values_are_wire_compatible() {
     let servers = Servers::start(5);
-    let redlock = servers.redlock();
+    // Patient: every node's write must land (a call that times out before it is written is
+    // never sent, and a cold connection on a loaded machine can take longer than 50 ms).
+    let redlock = servers
+        .builder()
+        .node_timeout(PATIENT)
+        .build()
+        .expect("config");
     let lock = redlock
         .acquire(&["invoice:4821"], TTL)
         .await
@@ -88,6 +96,7 @@ async fn keys_and_values_are_wire_compatible() {
     // With a prefix, the key is prefix + resource.
     let prefixed = servers
         .builder()
+        .node_timeout(PATIENT)
         .key_prefix("locks:")
         .build()
         .expect("config");
@@ -361,7 +370,12 @@ async fn a_dropped_lock_releases_itself() {
 #[tokio::test]
 async fn a_key_of_another_type_is_a_node_error_not_a_panic() {
     let servers = Servers::start(5);
-    let redlock = servers.builder().retry_count(0).build().expect("config");
+    let redlock = servers
+        .builder()
+        .retry_count(0)
+        .node_timeout(PATIENT)
+        .build()
+        .expect("config");
     // Someone stored a hash at the key on three nodes.
     for i in 0..3 {
         let _: i64 = servers.cmd(i, &["HSET", "job", "field", "value"]);

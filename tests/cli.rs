@@ -306,7 +306,7 @@ fn sigterm_to_redfence_reaches_the_child_and_the_lock_is_released() {
     );
     let mut run = spawn_run(&servers, &["-r", "job"], &script);
     wait_for("the command", || files.path("up").exists());
-    assert_eq!(holders(&servers, "job"), 3);
+    wait_for("the key on every node", || holders(&servers, "job") == 3);
 
     send_signal(&run, "-TERM");
     let status = wait_exit(&mut run);
@@ -430,7 +430,7 @@ fn release_force_frees_the_lock() {
     wait_for("the first command", || {
         !lines(&files.path("log")).is_empty()
     });
-    assert_eq!(holders(&servers, "job"), 3);
+    wait_for("the key on every node", || holders(&servers, "job") == 3);
 
     // Without --yes and without a terminal, nothing is deleted.
     let refused = redfence(&servers)
@@ -438,7 +438,7 @@ fn release_force_frees_the_lock() {
         .output()
         .expect("run redfence release");
     assert_eq!(refused.status.code(), Some(USAGE), "{refused:?}");
-    assert_eq!(holders(&servers, "job"), 3);
+    wait_for("the key on every node", || holders(&servers, "job") == 3);
 
     let released = redfence(&servers)
         .args(["release", "--force", "--yes", "job"])

@@ -275,6 +275,40 @@ async fn redis_counter_multi_resource_tokens_exceed_every_resource() {
     assert_eq!(next(&["a", "b"]).await, 14);
 }
 
+/// Issue 15: requests that arrive while a script call is in flight go together in the next
+/// one, handled in arrival order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_counter_coalesces_requests_behind_a_call_in_flight() {
+    let store = Servers::start(1);
+    let counter = RedisCounter::open(&store.url(0)).expect("url");
+    // Connected, script loaded.
+    assert_eq!(counter.next_fence(&names(&["warm"])).await.ok(), Some(1));
+    let _: () = store.cmd(0, &["CONFIG", "RESETSTAT"]);
+
+    // The server is frozen, so the first call stays in flight while the others queue.
+    store.pause(0);
+    let requests: Vec<Vec<String>> = (0..64).map(|j| names(&[&format!("r{}", j % 8)])).collect();
+    let calls = futures::future::join_all(requests.iter().map(|r| counter.next_fence(r)));
+    let resume = async { store.resume(0) };
+    let (tokens, ()) = futures::join!(calls, resume);
+    let tokens: Vec<u64> = tokens.into_iter().map(|t| t.expect("fence")).collect();
+
+    // Per resource, in arrival order: 1, 2, ... 8.
+    for r in 0..8 {
+        let mine: Vec<u64> = tokens.iter().skip(r).step_by(8).copied().collect();
+        assert_eq!(mine, (1..=8).collect::<Vec<u64>>(), "r{r}");
+    }
+    let info: String = store.cmd(0, &["INFO", "commandstats"]);
+    let calls: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .expect("evalsha calls");
+    // One call in flight when the server froze, then everything queued behind it.
+    assert!(calls <= 2, "64 requests took {calls} script calls");
+}
+
 #[tokio::test]
 async fn redis_counter_times_out_on_a_paused_primary() {
     let locks = Servers::start(3);
@@ -345,7 +379,9 @@ mod pg {
     use std::sync::Mutex;
 
     use redfence::PostgresCounter;
-    use redfence::fence::postgres::{FenceGuards, FencedUpdate, FencedWriteError, StaleFence};
+    use redfence::fence::postgres::{
+        FenceCheck, FenceGuards, FencedUpdate, FencedWriteError, StaleFence,
+    };
     use redfence::tokio_postgres::Client;
     use support::postgres::Postgres;
     use tokio::sync::oneshot;
@@ -560,6 +596,8 @@ mod pg {
                     .timeout(Duration::from_secs(5)),
             )
             .fencing_timeout(Duration::from_secs(5))
+            // The machine is loaded: a release must not fail on a starved 50 ms node call.
+            .node_timeout(Duration::from_millis(500))
             .retry_count(1_000_000)
             .retry_delay(Duration::from_millis(1))
             .retry_jitter(Duration::from_millis(1))
@@ -832,8 +870,16 @@ mod pg {
         }
         // A NULL fence column accepts any fence; outside a transaction it is one statement.
         assert_eq!(update(&"v1").execute(&client, 5).await.expect("fresh"), 1);
-        // Equal and lower fences are stale, and change nothing.
-        for offered in [5, 4, 1] {
+        // The owner's own fence again is accepted (it writes twice with one lock).
+        assert_eq!(update(&"v1").execute(&client, 5).await.expect("same"), 1);
+        // Lower fences are stale, and change nothing; so is an equal one when strict.
+        let err = update(&"other")
+            .fence_check(FenceCheck::Strict)
+            .execute(&client, 5)
+            .await
+            .expect_err("strict: stale");
+        assert_eq!(err.stale().map(|s| s.last_accepted), Some(5));
+        for offered in [4, 1] {
             let err = update(&"other")
                 .execute(&client, offered)
                 .await
@@ -876,7 +922,7 @@ mod pg {
             .await
             .expect("select");
         assert_eq!(row.get::<_, String>(0), "v2");
-        assert_eq!(row.get::<_, i32>(1), 2);
+        assert_eq!(row.get::<_, i32>(1), 3);
         assert_eq!(row.get::<_, Option<i64>>(2), Some(6));
 
         // A fence that cannot be a bigint is refused before any statement.
@@ -933,8 +979,21 @@ mod pg {
         tx.commit().await.expect("commit");
         assert_eq!(last("r").await, Some(5));
 
-        // Equal or lower: stale, with the last accepted fence.
-        for offered in [5, 3] {
+        // The owner's own fence again: accepted (a second transaction of the same owner).
+        let tx = c1.transaction().await.expect("begin");
+        guards
+            .claim(&tx, "r", 5)
+            .await
+            .expect("the owner's own fence");
+        tx.commit().await.expect("commit");
+        assert_eq!(last("r").await, Some(5));
+        // Equal when strict, or lower: stale, with the last accepted fence.
+        let strict = guards.clone().fence_check(FenceCheck::Strict);
+        let tx = c1.transaction().await.expect("begin");
+        let err = strict.claim(&tx, "r", 5).await.expect_err("strict");
+        assert_eq!(err.stale().map(|s| s.last_accepted), Some(5));
+        drop(tx);
+        for offered in [4, 3] {
             let tx = c1.transaction().await.expect("begin");
             let err = guards.claim(&tx, "r", offered).await.expect_err("stale");
             assert_eq!(
@@ -1033,10 +1092,21 @@ mod pg {
         let table: Vec<(String, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
         assert_eq!(table, vec![("r1".into(), fence), ("r2".into(), fence)]);
 
-        // The same claim again (a retried transaction of the same owner) is stale: a fence
-        // is accepted once.
+        // The same claim again (another transaction of the same owner) is accepted; with the
+        // strict check a fence is accepted once.
         let tx = client.transaction().await.expect("begin");
-        let err = guards.claim_lock(&tx, &first).await.expect_err("used");
+        guards
+            .claim_lock(&tx, &first)
+            .await
+            .expect("the owner claims again");
+        tx.commit().await.expect("commit");
+        let tx = client.transaction().await.expect("begin");
+        let err = guards
+            .clone()
+            .fence_check(FenceCheck::Strict)
+            .claim_lock(&tx, &first)
+            .await
+            .expect_err("strict: used");
         assert!(err.is_ownership_lost(), "{err:?}");
         tx.rollback().await.expect("rollback");
         first.release().await.expect("release");
@@ -1059,6 +1129,509 @@ mod pg {
         assert!(matches!(err, FencedWriteError::NoResource), "{err:?}");
         tx.rollback().await.expect("rollback");
         unfenced.release().await.expect("release");
+    }
+
+    /// Issue 8, item 2: the owner writes several times with its one fence; a stale owner's
+    /// smaller fence is refused; the strict check refuses the owner's second write.
+    #[tokio::test]
+    async fn the_owner_writes_again_with_its_own_fence_and_a_smaller_one_is_refused() {
+        let servers = Servers::start(3);
+        let pg = Postgres::start();
+        let mut client = pg.client().await;
+        client
+            .batch_execute(
+                "CREATE TABLE parts (id bigint PRIMARY KEY, body text NOT NULL, \
+                     last_fence bigint NOT NULL DEFAULT 0); \
+                 INSERT INTO parts (id, body) VALUES (1, 'empty');",
+            )
+            .await
+            .expect("schema");
+        let guards = FenceGuards::new();
+        guards.create_table(&client).await.expect("guards");
+        let redlock = servers
+            .builder()
+            .fencing(PostgresCounter::connect(&pg.url()).expect("config"))
+            .build()
+            .expect("config");
+        let old = redlock.acquire(&["parts"], TTL).await.expect("old owner");
+        let old_fence = old.fence().expect("fence");
+        old.release().await.expect("release");
+        let owner = redlock.acquire(&["parts"], TTL).await.expect("owner");
+        let fence = owner.fence().expect("fence");
+        assert!(fence > old_fence);
+
+        // Three writes of one row, and three guarded transactions, with one fence.
+        for (i, body) in ["part 1", "part 2", "part 3"].iter().enumerate() {
+            let written = FencedUpdate::new("parts", "id", &1_i64)
+                .set("body", body)
+                .execute(&client, fence)
+                .await
+                .unwrap_or_else(|e| panic!("write {i} with the owner's fence: {e}"));
+            assert_eq!(written, 1);
+            let tx = client.transaction().await.expect("begin");
+            guards
+                .claim_lock(&tx, &owner)
+                .await
+                .unwrap_or_else(|e| panic!("claim {i} with the owner's fence: {e}"));
+            tx.commit().await.expect("commit");
+        }
+        let body: String = client
+            .query_one("SELECT body FROM parts WHERE id = 1", &[])
+            .await
+            .expect("select")
+            .get(0);
+        assert_eq!(body, "part 3");
+
+        // The previous owner's smaller fence: ownership lost, in both forms.
+        let err = FencedUpdate::new("parts", "id", &1_i64)
+            .set("body", &"stale")
+            .execute(&client, old_fence)
+            .await
+            .expect_err("smaller fence");
+        assert!(err.is_ownership_lost(), "{err:?}");
+        let tx = client.transaction().await.expect("begin");
+        let err = guards
+            .claim(&tx, "parts", old_fence)
+            .await
+            .expect_err("smaller fence");
+        assert!(err.is_ownership_lost(), "{err:?}");
+        drop(tx);
+
+        // Strict: the owner's fence was accepted already, so it is refused in both forms.
+        let err = FencedUpdate::new("parts", "id", &1_i64)
+            .set("body", &"once more")
+            .fence_check(FenceCheck::Strict)
+            .execute(&client, fence)
+            .await
+            .expect_err("strict");
+        assert!(err.is_ownership_lost(), "{err:?}");
+        let tx = client.transaction().await.expect("begin");
+        let err = guards
+            .clone()
+            .fence_check(FenceCheck::Strict)
+            .claim_lock(&tx, &owner)
+            .await
+            .expect_err("strict");
+        assert!(err.is_ownership_lost(), "{err:?}");
+        drop(tx);
+        owner.release().await.expect("release");
+    }
+
+    /// Issue 8, item 9: PostgreSQL `text` cannot hold NUL, so such a name is refused before
+    /// any traffic, with a typed error, and nothing is locked.
+    #[tokio::test]
+    async fn a_resource_name_with_nul_is_refused_before_any_traffic() {
+        let servers = Servers::start(3);
+        let pg = Postgres::start();
+        let redlock = servers
+            .builder()
+            .fencing(PostgresCounter::connect(&pg.url()).expect("config"))
+            .build()
+            .expect("config");
+        let err = redlock
+            .acquire(&["ok", "a\0b"], TTL)
+            .await
+            .expect_err("NUL cannot be fenced");
+        match &err {
+            Error::InvalidInput(redfence::InvalidInput::ResourceNotFenceable { index, reason }) => {
+                assert_eq!(*index, 1);
+                assert!(
+                    reason.contains("NUL") && reason.contains("PostgreSQL"),
+                    "{reason}"
+                );
+            }
+            other => panic!("expected ResourceNotFenceable, got {other:?}"),
+        }
+        assert!((0..servers.len()).all(|i| servers.keys(i).is_empty()));
+        // The counter was never asked: its table does not exist.
+        let table: Option<String> = pg
+            .client()
+            .await
+            .query_one("SELECT to_regclass('redfence_fences')::text", &[])
+            .await
+            .expect("select")
+            .get(0);
+        assert_eq!(table, None);
+    }
+
+    /// Rows whose lock another session holds, so that a batch touching them waits in the
+    /// server until the session ends: a batch "in flight" for as long as a test needs.
+    async fn hold_rows(pg: &Postgres, resources: &[&str]) -> Client {
+        let holder = pg.client().await;
+        holder.batch_execute("BEGIN").await.expect("begin");
+        let names = names(resources);
+        let rows = holder
+            .execute(
+                "SELECT 1 FROM redfence_fences WHERE resource = ANY($1) FOR UPDATE",
+                &[&names],
+            )
+            .await
+            .expect("lock the rows");
+        assert_eq!(rows as usize, resources.len(), "the rows exist");
+        holder
+    }
+
+    /// Waits until `n` statements wait for a row lock.
+    async fn lock_waiters(pg: &Postgres, n: i64) -> bool {
+        let client = pg.client().await;
+        let deadline = Instant::now() + support::DEADLINE;
+        while Instant::now() < deadline {
+            let waiting: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                    &[],
+                )
+                .await
+                .expect("select")
+                .get(0);
+            if waiting >= n {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    /// Whether every node holds a key for each of `resources`: those locks were granted and
+    /// now wait for their fence.
+    async fn all_granted(servers: &Servers, resources: &[&str]) -> bool {
+        eventually(|| {
+            resources
+                .iter()
+                .all(|r| (0..servers.len()).all(|i| servers.get(i, r).is_some()))
+        })
+        .await
+    }
+
+    fn patient(servers: &Servers, counter: PostgresCounter) -> redfence::Redlock {
+        servers
+            .builder()
+            .fencing(counter.timeout(Duration::from_secs(20)))
+            .fencing_timeout(Duration::from_secs(20))
+            .node_timeout(Duration::from_millis(500))
+            .build()
+            .expect("config")
+    }
+
+    const LONG: Duration = Duration::from_secs(30);
+
+    /// Issue 15: 64 concurrent fenced acquisitions on 8 resources, through the group
+    /// commit: per resource, tokens strictly increase in order of acquisition; none repeats.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn group_commit_keeps_tokens_increasing_per_resource() {
+        const TASKS: usize = 64;
+        const ROUNDS: usize = 5;
+        let servers = Servers::start(3);
+        let pg = Postgres::start();
+        let redlock = servers
+            .builder()
+            .fencing(
+                PostgresCounter::connect(&pg.url())
+                    .expect("config")
+                    .timeout(Duration::from_secs(10)),
+            )
+            .fencing_timeout(Duration::from_secs(10))
+            .node_timeout(Duration::from_millis(500))
+            .retry_count(1_000_000)
+            .retry_delay(Duration::from_millis(5))
+            .retry_jitter(Duration::from_millis(5))
+            .build()
+            .expect("config");
+        let resources: Vec<String> = (0..8).map(|r| format!("account:{r}")).collect();
+        let logs: Arc<Vec<Mutex<Vec<u64>>>> =
+            Arc::new((0..8).map(|_| Mutex::new(Vec::new())).collect());
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|t| {
+                let (redlock, logs) = (redlock.clone(), Arc::clone(&logs));
+                let resource = resources[t % 8].clone();
+                tokio::spawn(async move {
+                    for _ in 0..ROUNDS {
+                        let lock = redlock.acquire(&[&resource], LONG).await.expect("acquire");
+                        let fence = lock.fence().expect("fence");
+                        // Inside the critical section: each log is in acquisition order.
+                        logs[t % 8].lock().expect("log").push(fence);
+                        lock.release().await.expect("release");
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("task");
+        }
+        let mut all = Vec::new();
+        for (r, log) in logs.iter().enumerate() {
+            let log = log.lock().expect("log");
+            assert_eq!(log.len(), TASKS / 8 * ROUNDS, "account:{r}");
+            for pair in log.windows(2) {
+                assert!(
+                    pair[0] < pair[1],
+                    "account:{r}: {} after {}",
+                    pair[1],
+                    pair[0]
+                );
+            }
+            all.extend(log.iter().map(|f| (r, *f)));
+        }
+        let count = all.len();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), count, "a token repeated for a resource");
+        assert!(no_key_left(&servers).await);
+    }
+
+    /// Issue 15: a batch cut off by `pg_ctl stop -m immediate` while it is in the server:
+    /// every lock in it fails closed, and after the restart new tokens are above every token
+    /// handed out.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_cut_off_by_a_crash_fails_every_lock_in_it() {
+        let servers = Servers::start(3);
+        let mut pg = Postgres::start();
+        let counter = PostgresCounter::connect(&pg.url()).expect("config");
+        let redlock = patient(&servers, counter);
+        let batch: Vec<String> = (0..8).map(|i| format!("job:{i}")).collect();
+        let mut handed_out = std::collections::HashMap::new();
+        for r in batch.iter().map(String::as_str).chain(["gate"]) {
+            let lock = redlock.acquire(&[r], LONG).await.expect("prime");
+            handed_out.insert(r.to_owned(), lock.fence().expect("fence"));
+            lock.release().await.expect("release");
+        }
+
+        // Batch 1 (the gate) waits in the server; the eight queue behind it.
+        let gate = hold_rows(&pg, &["gate"]).await;
+        let first = tokio::spawn({
+            let redlock = redlock.clone();
+            async move { redlock.acquire(&["gate"], LONG).await }
+        });
+        assert!(
+            lock_waiters(&pg, 1).await,
+            "batch 1 did not reach the server"
+        );
+        let held = hold_rows(&pg, &["job:3"]).await;
+        let cut: Vec<_> = batch
+            .iter()
+            .map(|r| {
+                let (redlock, r) = (redlock.clone(), r.clone());
+                tokio::spawn(async move { redlock.acquire(&[&r], LONG).await })
+            })
+            .collect();
+        let names: Vec<&str> = batch.iter().map(String::as_str).collect();
+        assert!(
+            all_granted(&servers, &names).await,
+            "the eight were not granted"
+        );
+        // Batch 1 commits; batch 2 (the eight together) then waits for job:3's row.
+        gate.batch_execute("COMMIT").await.expect("commit");
+        let first = first.await.expect("task").expect("batch 1 commits");
+        handed_out.insert("gate".to_owned(), first.fence().expect("fence"));
+        assert!(
+            lock_waiters(&pg, 1).await,
+            "batch 2 did not reach the server"
+        );
+
+        pg.stop_immediate();
+        drop(held);
+        for task in cut {
+            let err = task.await.expect("task").expect_err("cut off");
+            assert!(matches!(err, Error::Fencing(_)), "{err:?}");
+        }
+        // Fail closed: none of the eight is left locked.
+        assert!(
+            eventually(|| names
+                .iter()
+                .all(|r| (0..servers.len()).all(|i| servers.get(i, r).is_none())))
+            .await
+        );
+        first.release().await.expect("release");
+
+        pg.start_again();
+        for r in names.iter().copied().chain(["gate"]) {
+            let lock = redlock
+                .acquire(&[r], LONG)
+                .await
+                .expect("after the restart");
+            let fence = lock.fence().expect("fence");
+            let last = handed_out[r];
+            assert!(
+                fence > last,
+                "{r}: {fence} after a restart, {last} handed out before"
+            );
+            lock.release().await.expect("release");
+        }
+        assert!(no_key_left(&servers).await);
+    }
+
+    /// Issue 15: an acquisition cancelled while its batch is in flight: its token is skipped,
+    /// and the others in the batch get theirs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cancelled_acquisition_skips_its_token_and_spares_its_batch() {
+        let servers = Servers::start(3);
+        let pg = Postgres::start();
+        let counter = PostgresCounter::connect(&pg.url()).expect("config");
+        let redlock = patient(&servers, counter);
+        let resources = ["c:1", "c:2", "c:3", "c:4", "gate"];
+        let mut before = std::collections::HashMap::new();
+        for r in resources {
+            let lock = redlock.acquire(&[r], LONG).await.expect("prime");
+            before.insert(r, lock.fence().expect("fence"));
+            lock.release().await.expect("release");
+        }
+
+        let gate = hold_rows(&pg, &["gate"]).await;
+        let first = tokio::spawn({
+            let redlock = redlock.clone();
+            async move { redlock.acquire(&["gate"], LONG).await }
+        });
+        assert!(
+            lock_waiters(&pg, 1).await,
+            "batch 1 did not reach the server"
+        );
+        let held = hold_rows(&pg, &["c:1"]).await;
+        let spawn = |r: &'static str| {
+            let redlock = redlock.clone();
+            tokio::spawn(async move { redlock.acquire(&[r], LONG).await })
+        };
+        let cancelled = spawn("c:1");
+        let others = [spawn("c:2"), spawn("c:3"), spawn("c:4")];
+        assert!(all_granted(&servers, &["c:1", "c:2", "c:3", "c:4"]).await);
+        gate.batch_execute("COMMIT").await.expect("commit");
+        first
+            .await
+            .expect("task")
+            .expect("batch 1")
+            .release()
+            .await
+            .expect("release");
+        // Batch 2 (all four) waits in the server for c:1's row; cancel c:1's acquisition.
+        assert!(
+            lock_waiters(&pg, 1).await,
+            "batch 2 did not reach the server"
+        );
+        cancelled.abort();
+        assert!(cancelled.await.expect_err("aborted").is_cancelled());
+        // The cancelled acquisition releases its keys in the background.
+        assert!(eventually(|| (0..servers.len()).all(|i| servers.get(i, "c:1").is_none())).await);
+        held.batch_execute("COMMIT").await.expect("commit");
+
+        // The others in the batch are unaffected.
+        for (task, r) in others.into_iter().zip(["c:2", "c:3", "c:4"]) {
+            let lock = task.await.expect("task").expect("the batch commits");
+            assert_eq!(lock.fence(), Some(before[r] + 1), "{r}");
+            lock.release().await.expect("release");
+        }
+        // The cancelled request's token was committed and is skipped: the next is above it.
+        let skipped: i64 = pg
+            .client()
+            .await
+            .query_one(
+                "SELECT last_fence FROM redfence_fences WHERE resource = 'c:1'",
+                &[],
+            )
+            .await
+            .expect("select")
+            .get(0);
+        assert_eq!(skipped as u64, before["c:1"] + 1, "the skipped token");
+        let lock = redlock.acquire(&["c:1"], LONG).await.expect("acquire");
+        assert_eq!(lock.fence(), Some(skipped as u64 + 1));
+        lock.release().await.expect("release");
+        assert!(no_key_left(&servers).await);
+    }
+
+    /// Issue 15: one batch may hold several requests on one resource, and multi-resource
+    /// requests: tokens still increase per resource in arrival order, and a multi-resource
+    /// token exceeds every earlier token of each of its resources.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_with_repeats_and_multi_resource_requests_keeps_arrival_order() {
+        let pg = Postgres::start();
+        let counter = PostgresCounter::connect(&pg.url())
+            .expect("config")
+            .timeout(Duration::from_secs(20));
+        for r in ["gate", "x", "y"] {
+            next(&counter, &[r]).await;
+        }
+        let shapes: [&[&[&str]]; 2] = [
+            // Singles only, with repeats.
+            &[&["x"], &["x"], &["y"], &["x"], &["new"], &["y"]],
+            // With multi-resource requests (and a resource seen for the first time).
+            &[
+                &["x"],
+                &["x", "y"],
+                &["y"],
+                &["x"],
+                &["z", "x"],
+                &["y", "z"],
+                &["z"],
+            ],
+        ];
+        let mut last: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+        for shape in shapes {
+            // The batch before waits in the server, so the whole shape queues behind it.
+            let gate = hold_rows(&pg, &["gate"]).await;
+            let gate_name = names(&["gate"]);
+            let mut first = Box::pin(counter.next_fence(&gate_name));
+            assert!(futures::poll!(&mut first).is_pending());
+            assert!(
+                lock_waiters(&pg, 1).await,
+                "the gate batch did not reach the server"
+            );
+            let requests: Vec<Vec<String>> = shape.iter().map(|r| names(r)).collect();
+            let mut queued = Box::pin(futures::future::join_all(
+                requests.iter().map(|r| counter.next_fence(r)),
+            ));
+            // Polled once: every request is queued, in order, behind the gate batch.
+            assert!(futures::poll!(&mut queued).is_pending());
+            gate.batch_execute("COMMIT").await.expect("commit");
+            let (first, tokens) = futures::join!(first, queued);
+            first.expect("gate");
+            for (set, token) in shape.iter().zip(tokens) {
+                let token = token.expect("fence");
+                for r in set.iter() {
+                    let before = last.insert(r, token).unwrap_or(0);
+                    assert!(token > before, "{set:?}: {token} after {before} for {r}");
+                }
+            }
+        }
+        let client = pg.client().await;
+        for (r, token) in last {
+            let stored: i64 = client
+                .query_one(
+                    "SELECT last_fence FROM redfence_fences WHERE resource = $1",
+                    &[&r],
+                )
+                .await
+                .expect("select")
+                .get(0);
+            assert_eq!(stored as u64, token, "{r}");
+        }
+    }
+
+    /// The counter's background task, and with it its connection, end when it is dropped.
+    #[tokio::test]
+    async fn dropping_the_counter_closes_its_connection() {
+        let pg = Postgres::start();
+        let client = pg.client().await;
+        let backends = || async {
+            client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'",
+                    &[],
+                )
+                .await
+                .expect("select")
+                .get::<_, i64>(0)
+        };
+        let alone = backends().await;
+        let counter = PostgresCounter::connect(&pg.url()).expect("config");
+        next(&counter, &["r"]).await;
+        assert_eq!(backends().await, alone + 1);
+        drop(counter);
+        let deadline = Instant::now() + support::DEADLINE;
+        while backends().await > alone {
+            assert!(
+                Instant::now() < deadline,
+                "the counter's connection is still open"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     #[tokio::test]

@@ -8,32 +8,44 @@ use futures::future::BoxFuture;
 use redis::{Client, Script};
 
 use super::FencingCounter;
+use super::batch::{Batcher, IssueBatch};
 use crate::error::BoxError;
 use crate::node::LazyConnection;
 
-/// Reads every counter key, takes the largest value plus one (`INCR` for a single key) and
-/// stores it in every key, atomically.
-static NEXT_FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("next_fence.lua")));
+/// For each request of a batch in turn: reads every counter key of it, takes the largest
+/// value plus one (`INCR` for a single key) and stores it in every key; all atomically.
+static NEXT_FENCES: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("next_fences.lua")));
 
 /// Default [`RedisCounter::prefix`]: `"fence:"`.
-pub const DEFAULT_REDIS_FENCE_PREFIX: &str = "fence:";
+pub(crate) const DEFAULT_REDIS_FENCE_PREFIX: &str = "fence:";
 
 /// Default [`RedisCounter::timeout`]: 1 s.
-pub const DEFAULT_REDIS_FENCE_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_REDIS_FENCE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Fencing tokens kept in **one designated Redis primary** (not the lock nodes' majority:
 /// a counter cannot be split across independent masters).
 ///
 /// Each resource has one counter key, `{prefix}{{resource}}`, e.g. `fence:{invoice:4821}` with
-/// the default prefix: the hash tag keeps a resource's key in one slot. One Lua script
-/// (`EVALSHA`) reads the keys of every resource of the lock, takes the largest value plus
-/// one, stores it in all of them and returns it, atomically; for a single resource that is
-/// `INCR`. A resource's tokens can skip numbers (after a multi-resource lock, every resource
-/// in it jumps to the largest value plus one); only their order matters.
+/// the default prefix: the hash tag keeps a resource's key in one slot. For each request, a
+/// Lua script (`EVALSHA`) reads the keys of every resource of the lock, takes the largest
+/// value plus one, stores it in all of them and returns it, atomically; for a single
+/// resource that is `INCR`. A resource's tokens can skip numbers (after a multi-resource
+/// lock, every resource in it jumps to the largest value plus one); only their order matters.
+///
+/// Requests are **batched** like `PostgresCounter` (feature `postgres`)'s: one script
+/// call at a time, and requests that arrive while it is in flight go together in the next
+/// call (up to 256), handled in arrival order inside the one atomic script. A request that
+/// finds nothing in flight goes out at once. A call that fails or takes longer than
+/// [`timeout`](Self::timeout) fails every request in it (each lock fails closed); one that
+/// may have run only leaves gaps. A request whose caller gave up is skipped, or its token
+/// simply never used. Since one call carries the keys of several requests, all counter keys
+/// must live on one server (not a Redis Cluster).
 ///
 /// The connection is made lazily on the first call (inside the caller's Tokio runtime),
-/// shared by every call, and re-established after a failure; every call, connecting
-/// included, is bounded by [`timeout`](Self::timeout).
+/// shared by every call, and re-established after a failure; every request, waiting for
+/// its batch and connecting included, is bounded by [`timeout`](Self::timeout). The
+/// background task that sends the batches ends when the counter is dropped.
 ///
 /// # Failure model: read before you rely on it
 ///
@@ -54,11 +66,11 @@ pub const DEFAULT_REDIS_FENCE_TIMEOUT: Duration = Duration::from_secs(1);
 /// regression is unacceptable, use a counter in a database with durable, consistent commits
 /// (e.g. `PostgresCounter`, feature `postgres`), ideally the same database the work writes to.
 ///
-/// Multi-resource locks need all keys on one server: on a Redis Cluster their keys live in
-/// different slots and the script fails with `CROSSSLOT` (the lock then fails closed).
+/// All keys must be on one server: on a Redis Cluster the keys of a batch live in different
+/// slots and the script fails with `CROSSSLOT` (the locks then fail closed).
 ///
 /// ```no_run
-/// use redfence::{Redlock, fence::RedisCounter};
+/// use redfence::{RedisCounter, Redlock};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let counter = RedisCounter::open("redis://10.0.0.9:6379")?; // one primary, with AOF
@@ -71,19 +83,37 @@ pub const DEFAULT_REDIS_FENCE_TIMEOUT: Duration = Duration::from_secs(1);
 /// # }
 /// ```
 pub struct RedisCounter {
+    client: Client,
+    timeout: Duration,
+    batcher: Batcher<RedisIssuer>,
+}
+
+/// What the batch task needs: the connection and the key prefix.
+struct RedisIssuer {
     conn: LazyConnection,
     prefix: String,
-    timeout: Duration,
 }
 
 impl RedisCounter {
     /// A counter on the Redis server `client` points at, with the default prefix and
     /// timeout. Connects on first use.
     pub fn new(client: Client) -> Self {
+        Self::build(
+            client,
+            DEFAULT_REDIS_FENCE_PREFIX.to_owned(),
+            DEFAULT_REDIS_FENCE_TIMEOUT,
+        )
+    }
+
+    fn build(client: Client, prefix: String, timeout: Duration) -> Self {
+        let issuer = RedisIssuer {
+            conn: LazyConnection::new(client.clone(), timeout),
+            prefix,
+        };
         RedisCounter {
-            conn: LazyConnection::new(client, DEFAULT_REDIS_FENCE_TIMEOUT),
-            prefix: DEFAULT_REDIS_FENCE_PREFIX.to_owned(),
-            timeout: DEFAULT_REDIS_FENCE_TIMEOUT,
+            client,
+            timeout,
+            batcher: Batcher::new(issuer, "Redis fencing counter", timeout),
         }
     }
 
@@ -100,63 +130,94 @@ impl RedisCounter {
     /// The prefix of every counter key: the key of a resource is `{prefix}{{resource}}`.
     /// Defaults to `"fence:"`.
     #[must_use]
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
+    pub fn prefix(self, prefix: impl Into<String>) -> Self {
+        Self::build(self.client, prefix.into(), self.timeout)
     }
 
-    /// The longest one call may take, connecting included; a slower call fails (the lock
-    /// is then released: fail closed). Defaults to 1 s. The lock manager also bounds the
-    /// call with its `fencing_timeout` and the lock's validity.
+    /// The longest one request may take, waiting for its batch and connecting included; a
+    /// slower one fails (the lock is then released: fail closed). Also bounds each batch: a
+    /// slower batch fails every request in it. Defaults to 1 s. The lock manager also bounds
+    /// each request with its `fencing_timeout` and the lock's validity.
     #[must_use]
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self.conn = self.conn.with_connect_timeout(timeout);
-        self
+    pub fn timeout(self, timeout: Duration) -> Self {
+        let prefix = self.batcher.issuer().prefix.clone();
+        Self::build(self.client, prefix, timeout)
     }
 
     /// The counter key of `resource`: `{prefix}{{resource}}`.
     pub fn key(&self, resource: &str) -> String {
-        format!("{}{{{}}}", self.prefix, resource)
+        self.batcher.issuer().key(resource)
     }
 
     async fn next(&self, resources: &[String]) -> Result<u64, BoxError> {
-        if resources.is_empty() {
+        let mut names: Vec<String> = resources.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        if names.is_empty() {
             return Err("the Redis fencing counter was given no resource".into());
         }
-        let call = async {
-            let mut conn = self.conn.connection().await?;
-            let mut invocation = NEXT_FENCE.prepare_invoke();
-            for resource in resources {
-                invocation.key(self.key(resource));
-            }
-            // EVALSHA; on NOSCRIPT (a restarted or flushed server) the script is loaded and
-            // the call repeated.
-            invocation.invoke_async::<i64>(&mut conn).await
-        };
-        let reply = match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(reply)) => reply,
-            Ok(Err(err)) => {
-                return Err(format!("Redis fencing counter at {}: {err}", self.conn.addr()).into());
-            }
-            Err(_) => {
-                return Err(format!(
-                    "Redis fencing counter at {} timed out after {:?}",
-                    self.conn.addr(),
-                    self.timeout
-                )
-                .into());
-            }
-        };
-        match u64::try_from(reply) {
-            Ok(fence) if fence > 0 => Ok(fence),
-            _ => Err(format!(
-                "Redis fencing counter at {} returned {reply}, not a positive token (a counter key was overwritten)",
-                self.conn.addr()
+        match tokio::time::timeout(self.timeout, self.batcher.request(names)).await {
+            Ok(result) => result,
+            Err(_) => Err(format!(
+                "Redis fencing counter at {} timed out after {:?}",
+                self.batcher.issuer().conn.addr(),
+                self.timeout
             )
             .into()),
         }
     }
+}
+
+impl RedisIssuer {
+    fn key(&self, resource: &str) -> String {
+        format!("{}{{{}}}", self.prefix, resource)
+    }
+
+    async fn issue_batch(&self, requests: &[&[String]]) -> Result<Vec<u64>, BoxError> {
+        let addr = || self.conn.addr();
+        let mut conn = self
+            .conn
+            .connection()
+            .await
+            .map_err(|err| format!("Redis fencing counter at {}: {err}", addr()))?;
+        let mut invocation = NEXT_FENCES.prepare_invoke();
+        for names in requests {
+            for name in names.iter() {
+                invocation.key(self.key(name));
+            }
+            invocation.arg(names.len());
+        }
+        // EVALSHA; on NOSCRIPT (a restarted or flushed server) the script is loaded and the
+        // call repeated.
+        let replies: Vec<i64> = invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|err| format!("Redis fencing counter at {}: {err}", addr()))?;
+        replies
+            .into_iter()
+            .map(|reply| match u64::try_from(reply) {
+                Ok(fence) if fence > 0 => Ok(fence),
+                _ => Err(format!(
+                    "Redis fencing counter at {} returned {reply}, not a positive token \
+                     (a counter key was overwritten)",
+                    addr()
+                )
+                .into()),
+            })
+            .collect()
+    }
+}
+
+impl IssueBatch for RedisIssuer {
+    fn issue<'a>(
+        &'a self,
+        requests: &'a [&'a [String]],
+    ) -> BoxFuture<'a, Result<Vec<u64>, BoxError>> {
+        Box::pin(self.issue_batch(requests))
+    }
+
+    /// The connection manager reconnects by itself.
+    fn reset(&self) {}
 }
 
 impl FencingCounter for RedisCounter {
@@ -167,9 +228,10 @@ impl FencingCounter for RedisCounter {
 
 impl fmt::Debug for RedisCounter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let issuer = self.batcher.issuer();
         f.debug_struct("RedisCounter")
-            .field("addr", &self.conn.addr())
-            .field("prefix", &self.prefix)
+            .field("addr", &issuer.conn.addr())
+            .field("prefix", &issuer.prefix)
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }

@@ -90,14 +90,6 @@ impl LazyConnection {
         LazyConnection { tasks, ..self }
     }
 
-    /// The same, connecting within `connect_timeout` (before first use only).
-    pub(crate) fn with_connect_timeout(self, connect_timeout: Duration) -> Self {
-        LazyConnection {
-            connect_timeout,
-            ..self
-        }
-    }
-
     /// The server's address, for messages.
     pub(crate) fn addr(&self) -> String {
         self.client.get_connection_info().addr().to_string()

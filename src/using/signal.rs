@@ -120,7 +120,7 @@ impl Signal {
     }
 
     /// The fencing token of this acquisition, if a counter is configured. Send it with every
-    /// write; the storage must reject a fence that is not greater than the last it accepted.
+    /// write; the storage must reject a fence that is smaller than the last it accepted.
     pub fn fence(&self) -> Option<u64> {
         self.state.fence
     }
