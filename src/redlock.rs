@@ -16,6 +16,8 @@ use crate::lock::Lock;
 use crate::quorum;
 use crate::trace;
 use crate::using::{self, Signal};
+#[cfg(doc)]
+use crate::{Event, InvalidInput};
 
 /// A distributed lock manager over N independent Redis masters (the Redlock algorithm).
 ///
