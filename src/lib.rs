@@ -69,6 +69,7 @@ mod address;
 mod builder;
 mod clock;
 mod config;
+pub mod election;
 mod error;
 mod events;
 pub mod fence;
@@ -85,6 +86,7 @@ mod trace;
 mod using;
 
 pub use builder::{NodeAddr, RedlockBuilder};
+pub use election::{Election, ElectionBuilder, Leader, Leadership};
 pub use error::{
     BoxError, ConfigError, Error, FencingError, InvalidInput, LossReason, NodeError, NodeFailure,
     RenewalLimit,

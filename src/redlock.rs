@@ -16,6 +16,8 @@ use crate::lock::Lock;
 use crate::quorum;
 use crate::trace;
 use crate::using::{self, Signal};
+#[cfg(doc)]
+use crate::{Event, InvalidInput};
 
 /// A distributed lock manager over N independent Redis masters (the Redlock algorithm).
 ///
@@ -365,6 +367,26 @@ impl Redlock {
     /// ```
     pub async fn check(&self) -> Vec<NodeCheck> {
         inspect::check(&self.shared).await
+    }
+
+    /// A candidate in the leader election `name`, with `identity` (`None`: the host name
+    /// plus a random UUID, see [`default_identity`](crate::election::default_identity)).
+    /// Set its lease, renew deadline and retry period on the returned builder, `build()` it,
+    /// then [`run`](crate::Election::run) it; the election's lock is the resource
+    /// `election:{NAME}` and its term the lock's fencing token, so the `Redlock` needs a
+    /// fencing counter. See [`crate::election`].
+    ///
+    /// ```no_run
+    /// # async fn run(redlock: redfence::Redlock) -> Result<(), redfence::Error> {
+    /// let election = redlock.election("scheduler", Some("worker-1")).build()?;
+    /// if let Some(leader) = election.leader().await? {
+    ///     println!("{} leads in term {}", leader.identity, leader.term);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn election(&self, name: &str, identity: Option<&str>) -> crate::ElectionBuilder {
+        crate::ElectionBuilder::new(self.clone(), Arc::clone(&self.shared), name, identity)
     }
 
     /// Shuts the lock manager down gracefully: refuses new acquisitions from now on (they fail

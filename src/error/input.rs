@@ -37,6 +37,26 @@ pub enum ConfigError {
     /// The drift factor is NaN, infinite, negative or not below 1.
     #[error("drift factor {0} must be a finite number in [0, 1)")]
     BadDriftFactor(f64),
+    /// An election's timing breaks client-go's rule `lease > renew_deadline > 1.2 ×
+    /// retry_period > 0`, or leaves the renew deadline beyond the lease's validity (the lease
+    /// minus its clock-drift allowance), so that leadership could end before the leader knew.
+    #[error(
+        "election timing must satisfy lease > renew_deadline > 1.2 x retry_period > 0, with renew_deadline within the lease's validity: lease {lease:?}, renew_deadline {renew_deadline:?}, retry_period {retry_period:?}"
+    )]
+    ElectionTiming {
+        /// The lease given.
+        lease: Duration,
+        /// The renew deadline given.
+        renew_deadline: Duration,
+        /// The retry period given.
+        retry_period: Duration,
+    },
+    /// An election was built on a `Redlock` without a fencing counter: its terms are the
+    /// counter's tokens.
+    #[error(
+        "an election needs a fencing counter (its terms are fencing tokens); configure one with `RedlockBuilder::fencing`"
+    )]
+    ElectionWithoutFencing,
     /// Another option had a value that cannot work.
     #[error("option `{option}`: {reason}")]
     BadOption {

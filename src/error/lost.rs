@@ -25,6 +25,9 @@ pub enum LossReason {
     /// The `using()` scope ended (the routine returned, panicked or was cancelled) and the
     /// lock was given up. Seen only through a [`Signal`](crate::Signal) kept after its scope.
     Released,
+    /// The leader resigned its term ([`Leadership::resign`](crate::Leadership::resign)
+    /// or [`Election::resign`](crate::Election::resign)).
+    Resigned,
 }
 
 impl fmt::Display for LossReason {
@@ -40,6 +43,7 @@ impl fmt::Display for LossReason {
                 "extensions failed and only {remaining:?} of validity is left"
             ),
             LossReason::Released => f.write_str("its using() scope ended and released it"),
+            LossReason::Resigned => f.write_str("the leader resigned"),
         }
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 
-use super::{KeyRow, Node, Op, Request};
+use super::{GuardedWrite, KeyRow, Node, Op, Request};
 use crate::error::NodeFailure;
 
 /// How a fake node answers one kind of request.
@@ -243,6 +243,31 @@ impl Node for FakeNode {
                 }
             }
             Ok(rows)
+        })
+    }
+
+    fn write_if_held(&self, write: &GuardedWrite) -> BoxFuture<'static, Result<bool, NodeFailure>> {
+        let inner = Arc::clone(&self.inner);
+        let write = write.clone();
+        Box::pin(async move {
+            let Ok(mut keys) = inner.keys.lock() else {
+                return Ok(false);
+            };
+            let now = Instant::now();
+            keys.retain(|_, (_, expires)| *expires > now);
+            if keys.get(&*write.lock_key).map(|(t, _)| t.as_str()) != Some(&*write.token) {
+                return Ok(false);
+            }
+            match &write.value {
+                Some(value) => {
+                    let expires = now + Duration::from_millis(write.ttl_ms);
+                    keys.insert(write.key.to_string(), (value.to_string(), expires));
+                }
+                None => {
+                    keys.remove(&*write.key);
+                }
+            }
+            Ok(true)
         })
     }
 

@@ -35,6 +35,17 @@ pub(crate) struct Request {
     pub(crate) ttl_ms: u64,
 }
 
+/// A write that a node makes only while a lock key still holds our token.
+#[derive(Clone, Debug)]
+pub(crate) struct GuardedWrite {
+    pub(crate) lock_key: Arc<str>,
+    pub(crate) token: Arc<str>,
+    pub(crate) key: Arc<str>,
+    /// The value to set (never empty), or `None` to delete the key.
+    pub(crate) value: Option<Arc<str>>,
+    pub(crate) ttl_ms: u64,
+}
+
 /// A lock server. Real nodes are [`RedisNode`]s; unit tests use fakes that grant, deny, fail,
 /// are slow, or never answer.
 pub(crate) trait Node: Send + Sync {
@@ -66,6 +77,12 @@ pub(crate) trait Node: Send + Sync {
         keys: Arc<[String]>,
         delete: bool,
     ) -> BoxFuture<'static, Result<Vec<KeyRow>, NodeFailure>>;
+
+    /// Sets `write.key` to `write.value` with `write.ttl_ms` (or deletes it, when `value` is
+    /// `None`) only while `write.lock_key` holds `write.token`, atomically; `true` when the
+    /// lock held and the write was made. For a leader's record beside its election lock. The
+    /// caller bounds it with the node timeout.
+    fn write_if_held(&self, write: &GuardedWrite) -> BoxFuture<'static, Result<bool, NodeFailure>>;
 
     /// The server's `maxmemory-policy` (`CONFIG GET`). The caller bounds it with the node
     /// timeout.

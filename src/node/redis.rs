@@ -10,13 +10,15 @@ use tokio::sync::OnceCell;
 use tokio_util::task::TaskTracker;
 
 use super::pipeline::Pipeline;
-use super::{KeyRow, Node, Request};
+use super::{GuardedWrite, KeyRow, Node, Request};
 use crate::error::NodeFailure;
 
 static INSPECT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/inspect.lua")));
 static FORCE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/force_release.lua")));
+static WRITE_IF_HELD: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/write_if_held.lua")));
 
 /// A Redis master reached through one multiplexed, auto-reconnecting connection that every
 /// lock shares. The connection is made on first use, inside the caller's runtime.
@@ -167,6 +169,23 @@ impl Node for RedisNode {
             let mut invocation = script.prepare_invoke();
             invocation.key(&*keys);
             Ok(invocation.invoke_async(&mut conn).await?)
+        })
+    }
+
+    fn write_if_held(&self, write: &GuardedWrite) -> BoxFuture<'static, Result<bool, NodeFailure>> {
+        let shared = Arc::clone(&self.shared);
+        let write = write.clone();
+        Box::pin(async move {
+            let mut conn = shared.connection().await?;
+            let mut invocation = WRITE_IF_HELD.prepare_invoke();
+            invocation
+                .key(&*write.lock_key)
+                .key(&*write.key)
+                .arg(&*write.token)
+                .arg(write.value.as_deref().unwrap_or(""))
+                .arg(write.ttl_ms);
+            let written: i64 = invocation.invoke_async(&mut conn).await?;
+            Ok(written == 1)
         })
     }
 

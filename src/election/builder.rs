@@ -1,0 +1,235 @@
+//! [`ElectionBuilder`]: an election's options, their defaults, and client-go's timing rule.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::{Election, Inner, Leader, identity};
+use crate::Redlock;
+use crate::error::{ConfigError, Error};
+use crate::inner::{Shared, validate_ttl};
+use crate::quorum;
+
+/// Default [`lease`](ElectionBuilder::lease): 15 s (client-go's usual value).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(15);
+/// Default [`renew_deadline`](ElectionBuilder::renew_deadline): 10 s.
+pub const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(10);
+/// Default [`retry_period`](ElectionBuilder::retry_period): 2 s.
+pub const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(2);
+
+/// A callback run with the leader of a term.
+pub(super) type Hook = Arc<dyn Fn(&Leader) + Send + Sync>;
+
+/// The callbacks of an election; each fires only for a term this candidate actually led.
+#[derive(Clone, Default)]
+pub(super) struct Hooks {
+    pub(super) started: Option<Hook>,
+    pub(super) stopped: Option<Hook>,
+}
+
+/// An election's timing, validated by [`Timing::validate`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Timing {
+    pub(super) lease: Duration,
+    pub(super) renew_deadline: Duration,
+    pub(super) retry_period: Duration,
+    /// How long before the end of the lock's validity the renew deadline falls:
+    /// `lease − drift(lease) − renew_deadline`, positive once validated.
+    pub(super) margin: Duration,
+}
+
+impl Timing {
+    /// Checks client-go's rule, `lease > renew_deadline > 1.2 × retry_period > 0`, and that
+    /// the renew deadline falls within the lease's validity (`lease − drift`), so that the
+    /// signal always fires before the lease can run out.
+    pub(super) fn validate(
+        lease: Duration,
+        renew_deadline: Duration,
+        retry_period: Duration,
+        drift_factor: f64,
+    ) -> Result<Timing, Error> {
+        let lease = validate_ttl(lease, drift_factor)?;
+        let bad = ConfigError::ElectionTiming {
+            lease,
+            renew_deadline,
+            retry_period,
+        };
+        // 1.2 × retry_period, without float overflow: 6/5 of it.
+        let jittered = retry_period.checked_mul(6).map(|d| d / 5);
+        let validity = lease.saturating_sub(quorum::drift(lease, drift_factor));
+        match jittered {
+            Some(jittered)
+                if !retry_period.is_zero()
+                    && renew_deadline > jittered
+                    && lease > renew_deadline
+                    && validity > renew_deadline =>
+            {
+                Ok(Timing {
+                    lease,
+                    renew_deadline,
+                    retry_period,
+                    margin: validity - renew_deadline,
+                })
+            }
+            _ => Err(bad.into()),
+        }
+    }
+}
+
+/// Options of one candidate in a leader election; [`build`](ElectionBuilder::build) checks
+/// them. Made by [`Redlock::election`].
+#[must_use = "an election builder does nothing until built and run"]
+pub struct ElectionBuilder {
+    redlock: Redlock,
+    shared: Arc<Shared>,
+    name: String,
+    identity: Option<String>,
+    lease: Duration,
+    renew_deadline: Duration,
+    retry_period: Duration,
+    rejoin: bool,
+    hooks: Hooks,
+}
+
+impl ElectionBuilder {
+    pub(crate) fn new(
+        redlock: Redlock,
+        shared: Arc<Shared>,
+        name: &str,
+        identity: Option<&str>,
+    ) -> Self {
+        ElectionBuilder {
+            redlock,
+            shared,
+            name: name.to_owned(),
+            identity: identity.map(str::to_owned),
+            lease: DEFAULT_LEASE,
+            renew_deadline: DEFAULT_RENEW_DEADLINE,
+            retry_period: DEFAULT_RETRY_PERIOD,
+            rejoin: false,
+            hooks: Hooks::default(),
+        }
+    }
+
+    /// The lease: the TTL of the election's lock, renewed every retry period. Other
+    /// candidates wait it out when a leader dies without releasing. Defaults to 15 s.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How long renewal may keep failing, from the start of the last successful round,
+    /// before the leader's signal fires and it steps down. Must be below the lease (minus
+    /// its drift allowance) and above 1.2 × the retry period. Defaults to 10 s.
+    pub fn renew_deadline(mut self, renew_deadline: Duration) -> Self {
+        self.renew_deadline = renew_deadline;
+        self
+    }
+
+    /// How often a candidate tries to become leader, and a leader renews its lease (and
+    /// retries a failed renewal). Also the polling interval of
+    /// [`Election::observe`]. Defaults to 2 s.
+    pub fn retry_period(mut self, retry_period: Duration) -> Self {
+        self.retry_period = retry_period;
+        self
+    }
+
+    /// Whether [`Election::run`] campaigns again after a term whose routine returned `Err`
+    /// (leadership lost, or any failure), one retry period after stepping down. A routine
+    /// that returns `Ok` always ends `run`. Defaults to `false`: `run` returns after one term.
+    pub fn rejoin(mut self, rejoin: bool) -> Self {
+        self.rejoin = rejoin;
+        self
+    }
+
+    /// Called with the leader (this candidate, with its term) when it has been elected,
+    /// before the routine starts. Never called for a candidate that did not lead. Must not
+    /// block; a panic in it is caught and logged. No callback by default.
+    pub fn on_started_leading(mut self, hook: impl Fn(&Leader) + Send + Sync + 'static) -> Self {
+        self.hooks.started = Some(Arc::new(hook));
+        self
+    }
+
+    /// Called once per term this candidate led, after it stepped down (the routine returned
+    /// and the lock was released), or when `run` is dropped during a term. Never called for
+    /// a candidate that did not lead. Must not block; a panic in it is caught and logged. No
+    /// callback by default.
+    pub fn on_stopped_leading(mut self, hook: impl Fn(&Leader) + Send + Sync + 'static) -> Self {
+        self.hooks.stopped = Some(Arc::new(hook));
+        self
+    }
+
+    /// Checks the options and returns the [`Election`]. Nothing is sent.
+    ///
+    /// # Errors
+    ///
+    /// - [`ConfigError::ElectionWithoutFencing`] when the `Redlock` has no fencing counter
+    ///   (the terms are its tokens).
+    /// - [`ConfigError::ElectionTiming`] unless `lease > renew_deadline > 1.2 ×
+    ///   retry_period > 0` and `renew_deadline < lease − drift(lease)`.
+    /// - [`ConfigError::BadOption`] for an empty name or identity.
+    /// - [`Error::InvalidInput`] for a lease `acquire` would reject, or a resource name the
+    ///   fencing counter cannot store.
+    pub fn build(self) -> Result<Election, Error> {
+        let config = &self.shared.config;
+        if config.fencing.is_none() {
+            return Err(ConfigError::ElectionWithoutFencing.into());
+        }
+        if self.name.is_empty() {
+            return Err(bad_option("election name", "must not be empty"));
+        }
+        let identity = match self.identity {
+            Some(identity) if identity.is_empty() => {
+                return Err(bad_option("election identity", "must not be empty"));
+            }
+            Some(identity) => identity,
+            None => identity::default_identity(),
+        };
+        let timing = Timing::validate(
+            self.lease,
+            self.renew_deadline,
+            self.retry_period,
+            config.drift_factor,
+        )?;
+        let resource = format!("election:{{{}}}", self.name);
+        let target = self.shared.target(&[&resource], timing.lease)?;
+        let lock_key: Arc<str> = Arc::from(target.keys.first().map_or("", String::as_str));
+        let record_key: Arc<str> = Arc::from(format!("{lock_key}:leader"));
+        Ok(Election {
+            inner: Arc::new(Inner {
+                redlock: self.redlock,
+                shared: self.shared,
+                name: self.name,
+                resource,
+                lock_key,
+                record_key,
+                identity,
+                timing,
+                rejoin: self.rejoin,
+                hooks: self.hooks,
+                current: Mutex::new(None),
+            }),
+        })
+    }
+}
+
+fn bad_option(option: &'static str, reason: &str) -> Error {
+    ConfigError::BadOption {
+        option,
+        reason: reason.to_owned(),
+    }
+    .into()
+}
+
+impl fmt::Debug for ElectionBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ElectionBuilder")
+            .field("name", &self.name)
+            .field("identity", &self.identity)
+            .field("lease", &self.lease)
+            .field("renew_deadline", &self.renew_deadline)
+            .field("retry_period", &self.retry_period)
+            .field("rejoin", &self.rejoin)
+            .finish()
+    }
+}

@@ -1,0 +1,147 @@
+//! [`Election::run`](super::Election::run): campaign, lead one term, step down, and perhaps
+//! campaign again.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+use super::builder::Hook;
+use super::leadership::TermState;
+use super::renewal::Renewal;
+use super::{Inner, Leader, Leadership, record};
+use crate::clock;
+use crate::error::{ConfigError, Error};
+use crate::lock::Lock;
+
+pub(super) async fn run<T, E, F, Fut>(inner: &Arc<Inner>, mut routine: F) -> Result<T, E>
+where
+    F: FnMut(Leadership) -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    E: From<Error>,
+{
+    loop {
+        let lock = campaign(inner).await?;
+        match lead(inner, lock, &mut routine).await {
+            Err(_) if inner.rejoin => {
+                tracing::info!(election = %inner.name, "term ended with an error; campaigning again");
+                tokio::time::sleep(inner.timing.retry_period).await;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// Tries to take the election's lock once every retry period until it succeeds, or until
+/// an error that another attempt cannot fix.
+async fn campaign(inner: &Inner) -> Result<Lock, Error> {
+    loop {
+        let started = clock::now();
+        match inner
+            .redlock
+            .try_acquire(&[&inner.resource], inner.timing.lease)
+            .await
+        {
+            Ok(lock) => return Ok(lock),
+            Err(error @ (Error::InvalidInput(_) | Error::Config(_) | Error::Closed)) => {
+                return Err(error);
+            }
+            Err(error) => {
+                tracing::debug!(election = %inner.name, %error, "not elected; trying again");
+            }
+        }
+        let next = started + inner.timing.retry_period;
+        tokio::time::sleep_until(tokio::time::Instant::from_std(next)).await;
+    }
+}
+
+/// Leads one term with `lock`: writes the record, starts the renewal task, runs the routine,
+/// then stops the task (which steps down) and waits for it.
+async fn lead<T, E, F, Fut>(inner: &Arc<Inner>, lock: Lock, routine: &mut F) -> Result<T, E>
+where
+    F: FnMut(Leadership) -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    E: From<Error>,
+{
+    // Built only with a fencing counter, so every lock carries a fence.
+    let Some(term) = lock.fence() else {
+        return Err(E::from(ConfigError::ElectionWithoutFencing.into()));
+    };
+    let leader = Leader {
+        identity: inner.identity.clone(),
+        term,
+    };
+    let renewal = Renewal {
+        shared: Arc::clone(&inner.shared),
+        timing: inner.timing,
+        resource: inner.resource.clone(),
+        lock_key: Arc::clone(&inner.lock_key),
+        record_key: Arc::clone(&inner.record_key),
+    };
+    let state = Arc::new(TermState::new(
+        leader.clone(),
+        inner.resource.clone(),
+        renewal.deadline(&lock),
+    ));
+    let written = record::write_everywhere(
+        &inner.shared,
+        renewal.record(lock.token(), Some(record::encode(&leader, lock.token()))),
+    )
+    .await;
+    tracing::info!(election = %inner.name, %leader, records = written, "elected");
+
+    let leadership = Leadership {
+        state: Arc::clone(&state),
+    };
+    // From here on the term counts as led: `on_stopped_leading` runs however it ends.
+    let _term = Term::start(inner, leadership.clone());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(renewal.run(lock, state, stopped));
+    let result = routine(leadership).await;
+    drop(stop);
+    if let Err(error) = task.await {
+        tracing::error!(election = %inner.name, ?error, "election renewal task failed");
+    }
+    result
+}
+
+/// A term this candidate leads: registered for `Election::resign`, announced to
+/// `on_started_leading`; on drop, unregistered and announced to `on_stopped_leading`.
+struct Term<'a> {
+    inner: &'a Inner,
+    leader: Leader,
+}
+
+impl<'a> Term<'a> {
+    fn start(inner: &'a Inner, leadership: Leadership) -> Self {
+        let leader = leadership.leader().clone();
+        if let Ok(mut current) = inner.current.lock() {
+            *current = Some(leadership);
+        }
+        call(inner.hooks.started.as_ref(), &leader, "on_started_leading");
+        Term { inner, leader }
+    }
+}
+
+impl Drop for Term<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut current) = self.inner.current.lock() {
+            *current = None;
+        }
+        call(
+            self.inner.hooks.stopped.as_ref(),
+            &self.leader,
+            "on_stopped_leading",
+        );
+    }
+}
+
+/// Runs a hook, catching (and logging) its panic.
+fn call(hook: Option<&Hook>, leader: &Leader, name: &str) {
+    if let Some(hook) = hook
+        && std::panic::catch_unwind(AssertUnwindSafe(|| hook(leader))).is_err()
+    {
+        tracing::error!(hook = name, %leader, "election callback panicked");
+    }
+}
