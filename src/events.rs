@@ -73,6 +73,20 @@ impl EventHook {
         EventHook(Some(Arc::new(f)))
     }
 
+    /// Reports an extension; builds the event only when someone listens (a hook, or
+    /// debug-level tracing), since it comes for every lock every round.
+    pub(crate) fn extended(&self, resources: &[String], extensions: u32, validity: Duration) {
+        if self.0.is_some() || tracing::enabled!(tracing::Level::DEBUG) {
+            self.emit(Event::Extended {
+                resources: resources.to_vec(),
+                extensions,
+                validity,
+            });
+        } else {
+            crate::metrics::extension(true);
+        }
+    }
+
     /// Logs the event and hands it to the user's hook, if any.
     pub(crate) fn emit(&self, event: Event) {
         match &event {

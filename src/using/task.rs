@@ -1,8 +1,8 @@
 //! The extension task of `using()`: sleeps until the [`Policy`] says, extends, records the
 //! outcome, and releases the lock when the scope ends.
 
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -56,7 +56,8 @@ async fn extend_until_stopped(
             return End::GaveUp;
         }
         let now = clock::now();
-        let by = match policy.step(now, &lease) {
+        let step = policy.step(now, &lease);
+        let by = match step {
             Step::Abort { at, cause } if at <= now => {
                 let error = match cause {
                     Cause::Limit(limit) => Error::RenewalLimit {
@@ -68,8 +69,12 @@ async fn extend_until_stopped(
                 state.abort(error);
                 return End::GaveUp;
             }
-            Step::Extend { at, by } if at <= now => by,
+            Step::Extend { at, by } if on_grid(at) <= now => by,
             Step::Extend { at, .. } | Step::Abort { at, .. } => {
+                let at = match step {
+                    Step::Extend { .. } => on_grid(at),
+                    Step::Abort { .. } => at,
+                };
                 tokio::select! {
                     biased;
                     _ = &mut *stop => return End::Stopped,
@@ -91,11 +96,9 @@ async fn extend_until_stopped(
                 lease.extensions = lease.extensions.saturating_add(1);
                 lease.failed_round = None;
                 state.extended(lease.expires_at);
-                state.events.emit(Event::Extended {
-                    resources: state.resources.to_vec(),
-                    extensions: lease.extensions,
-                    validity: lock.remaining(),
-                });
+                state
+                    .events
+                    .extended(&state.resources, lease.extensions, lock.remaining());
             }
             Ok(Err(error)) => {
                 state.events.emit(Event::ExtensionFailed {
@@ -134,4 +137,24 @@ fn unconfirmed(state: &State, expires_at: Instant) -> Error {
     } else {
         LossReason::Unconfirmed { remaining }
     })
+}
+
+/// The grid extension rounds are aligned to.
+const GRID: Duration = Duration::from_millis(25);
+
+/// `at`, moved back to the previous multiple of [`GRID`] (counted from a process-wide
+/// origin): rounds of many locks that fall due within the same 25 ms then start together, and
+/// their requests go to each node in one batched call. Never later than `at`, so the policy's
+/// deadlines hold.
+fn on_grid(at: Instant) -> Instant {
+    static ORIGIN: LazyLock<Instant> = LazyLock::new(clock::now);
+    let origin = *ORIGIN;
+    match at.checked_duration_since(origin) {
+        Some(since) => {
+            let grid = GRID.as_nanos();
+            let back = since.as_nanos() % grid;
+            at - Duration::from_nanos(u64::try_from(back).unwrap_or(0))
+        }
+        None => at,
+    }
 }
