@@ -13,29 +13,37 @@ use crate::error::ConfigError;
 use crate::events::{Event, EventHook};
 use crate::fence::FencingCounter;
 use crate::inner::Shared;
-use crate::node::{Node, RedisNode};
+use crate::node::{Node, RedisNode, Tls, connect};
 use crate::redlock::Redlock;
 use crate::retry::Backoff;
 
 /// A Redis master to lock on: a URL (`redis://host:port/db`, `redis://user:password@host`,
-/// `redis+unix:///path/to/redis.sock`) or a [`redis::Client`]. Anything that converts into
-/// it can be given to [`RedlockBuilder::node`]. TLS (`rediss://`) is not supported yet:
-/// `build()` rejects it with [`ConfigError::BadNodeUrl`].
+/// `rediss://host:port` for TLS, `redis+unix:///path/to/redis.sock`) or a [`redis::Client`],
+/// with optional [`Tls`] settings. Anything that converts into it (`&str`, `String`,
+/// `redis::Client`) can be given to [`RedlockBuilder::node`].
+///
+/// `rediss://` needs the feature `tls-rustls` (recommended) or `tls-native-tls`; without
+/// one, `build()` rejects it with [`ConfigError::BadNodeUrl`] naming the feature.
 ///
 /// Its `Debug` output, like every error that shows a URL, hides the password.
 #[derive(Clone)]
-pub struct NodeAddr(NodeRepr);
+pub struct NodeAddr {
+    repr: NodeRepr,
+    tls: Option<Tls>,
+}
 
 impl fmt::Debug for NodeAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.0 {
-            NodeRepr::Url(url) => f
-                .debug_tuple("NodeAddr")
-                .field(&address::redact_url(url))
-                .finish(),
+        let mut t = f.debug_tuple("NodeAddr");
+        match &self.repr {
+            NodeRepr::Url(url) => t.field(&address::redact_url(url)),
             // redis-rs redacts the password itself.
-            NodeRepr::Client(client) => f.debug_tuple("NodeAddr").field(client).finish(),
+            NodeRepr::Client(client) => t.field(client),
+        };
+        if let Some(tls) = &self.tls {
+            t.field(tls);
         }
+        t.finish()
     }
 }
 
@@ -45,27 +53,80 @@ enum NodeRepr {
     Client(redis::Client),
 }
 
+impl NodeAddr {
+    /// The node at `url`, with the default settings (for `rediss://`: the system's trust
+    /// store). Parsed by [`build`](RedlockBuilder::build).
+    pub fn url(url: impl Into<String>) -> Self {
+        NodeAddr {
+            repr: NodeRepr::Url(url.into()),
+            tls: None,
+        }
+    }
+
+    /// Connects with these TLS settings (a custom CA, a client certificate, ...). The URL must
+    /// be `rediss://`; `build()` rejects TLS settings on a plain `redis://` node. Defaults to
+    /// [`Tls::new`] for `rediss://` URLs.
+    #[must_use]
+    pub fn tls(mut self, tls: Tls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// The `redis::Client` this node connects with, or why it cannot be made (node `index`).
+    fn client(self, index: usize) -> Result<redis::Client, ConfigError> {
+        match self.repr {
+            NodeRepr::Client(client) => {
+                let addr = client.get_connection_info().addr().to_string();
+                connect::tls_client(client, self.tls.as_ref()).map_err(|err| ConfigError::BadTls {
+                    index,
+                    addr,
+                    reason: err.to_string(),
+                })
+            }
+            NodeRepr::Url(url) => {
+                let plain = redis::Client::open(url.as_str());
+                connect::open(&url, self.tls.as_ref()).map_err(|err| match plain {
+                    // The URL parses: the TLS settings are what is wrong.
+                    Ok(_) if self.tls.is_some() => ConfigError::BadTls {
+                        index,
+                        addr: address::redact_url(&url),
+                        reason: err.to_string(),
+                    },
+                    _ => ConfigError::BadNodeUrl {
+                        index,
+                        url: address::redact_url(&url),
+                        reason: err.to_string(),
+                    },
+                })
+            }
+        }
+    }
+}
+
 impl From<&str> for NodeAddr {
     fn from(url: &str) -> Self {
-        NodeAddr(NodeRepr::Url(url.to_owned()))
+        NodeAddr::url(url)
     }
 }
 
 impl From<String> for NodeAddr {
     fn from(url: String) -> Self {
-        NodeAddr(NodeRepr::Url(url))
+        NodeAddr::url(url)
     }
 }
 
 impl From<&String> for NodeAddr {
     fn from(url: &String) -> Self {
-        NodeAddr(NodeRepr::Url(url.clone()))
+        NodeAddr::url(url.clone())
     }
 }
 
 impl From<redis::Client> for NodeAddr {
     fn from(client: redis::Client) -> Self {
-        NodeAddr(NodeRepr::Client(client))
+        NodeAddr {
+            repr: NodeRepr::Client(client),
+            tls: None,
+        }
     }
 }
 
@@ -259,16 +320,7 @@ impl RedlockBuilder {
         let mut nodes: Vec<Arc<dyn Node>> = Vec::with_capacity(self.nodes.len());
         let mut seen: Vec<BTreeSet<String>> = Vec::with_capacity(self.nodes.len());
         for (index, addr) in self.nodes.into_iter().enumerate() {
-            let client = match addr.0 {
-                NodeRepr::Client(client) => client,
-                NodeRepr::Url(url) => {
-                    redis::Client::open(url.as_str()).map_err(|err| ConfigError::BadNodeUrl {
-                        index,
-                        url: address::redact_url(&url),
-                        reason: err.to_string(),
-                    })?
-                }
-            };
+            let client = addr.client(index)?;
             let identities = address::identities(client.get_connection_info());
             let node = RedisNode::new(client, config.node_timeout, tasks.clone());
             if let Some(first) = seen.iter().position(|s| !s.is_disjoint(&identities)) {
@@ -374,12 +426,15 @@ mod tests {
         );
     }
 
+    const TLS: bool = cfg!(any(feature = "tls-rustls", feature = "tls-native-tls"));
+
     #[test]
     fn passwords_never_show() {
-        for url in [
-            "redis://:hunter2@127.0.0.1:99999999/0",
-            "rediss://app:hunter2@127.0.0.1:7001",
-        ] {
+        let mut bad = vec!["redis://:hunter2@127.0.0.1:99999999/0"];
+        if !TLS {
+            bad.push("rediss://app:hunter2@127.0.0.1:7001");
+        }
+        for url in bad {
             let e = invalid(RedlockBuilder::new().node(url));
             assert!(matches!(e, ConfigError::BadNodeUrl { .. }), "{e:?}");
             let shown = format!("{e} {e:?} {}", crate::Error::from(e.clone()));
@@ -391,6 +446,20 @@ mod tests {
             .node(redis::Client::open("redis://:hunter2@127.0.0.1:7002").expect("url"));
         let shown = format!("{builder:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
+    }
+
+    #[test]
+    fn tls_needs_a_tls_feature() {
+        let built = RedlockBuilder::new()
+            .node("rediss://127.0.0.1:7001")
+            .build();
+        if TLS {
+            assert!(built.is_ok(), "{built:?}");
+        } else {
+            let e = invalid(RedlockBuilder::new().node("rediss://127.0.0.1:7001"));
+            assert!(matches!(e, ConfigError::BadNodeUrl { .. }), "{e:?}");
+            assert!(e.to_string().contains("`tls-rustls`"), "{e}");
+        }
     }
 
     #[test]

@@ -98,6 +98,7 @@ pub use inspect::{
     Holder, Inspection, KeyState, NodeCheck, NodeReport, ResourceView, TOKEN_PREFIX_LEN,
 };
 pub use lock::Lock;
+pub use node::Tls;
 pub use redlock::Redlock;
 pub use retry::Backoff;
 pub use using::Signal;

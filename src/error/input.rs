@@ -22,6 +22,17 @@ pub enum ConfigError {
         /// What the parser said.
         reason: String,
     },
+    /// A node's TLS settings cannot work: TLS settings on a `redis://` URL, a certificate or
+    /// key that does not parse, or no TLS feature enabled.
+    #[error("node #{index} ({addr}): bad TLS settings: {reason}")]
+    BadTls {
+        /// The node's position in the order given.
+        index: usize,
+        /// The node's address, without credentials.
+        addr: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// Two nodes point at the same server, which would count its vote twice.
     #[error(
         "nodes #{first} and #{second} both point at {addr}; every node must be a distinct master"

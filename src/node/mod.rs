@@ -1,6 +1,8 @@
 //! One lock server as the quorum logic sees it: the [`Node`] trait, the request it runs, and
 //! its Redis implementation. Unit tests run the same logic over fake nodes.
 
+pub(crate) mod connect;
+mod connection;
 #[cfg(test)]
 pub(crate) mod fake;
 mod redis;
@@ -11,7 +13,9 @@ use futures::future::BoxFuture;
 
 use crate::error::NodeFailure;
 
-pub(crate) use self::redis::{LazyConnection, RedisNode};
+pub use self::connect::Tls;
+pub(crate) use self::connection::LazyConnection;
+pub(crate) use self::redis::RedisNode;
 
 /// Which script a request runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -1,14 +1,13 @@
-//! One Redis master: a lazy, shared, auto-reconnecting connection and the three lock scripts.
+//! One Redis master: the lock scripts over a lazy, shared `LazyConnection`.
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Script};
-use tokio::sync::OnceCell;
 use tokio_util::task::TaskTracker;
 
+use super::connection::LazyConnection;
 use super::{KeyRow, Node, Op, Request};
 use crate::error::NodeFailure;
 
@@ -31,16 +30,6 @@ pub(crate) struct RedisNode {
     shared: Arc<LazyConnection>,
 }
 
-/// One multiplexed, auto-reconnecting connection to a Redis server, made on first use
-/// (inside the caller's runtime) and shared by every call.
-pub(crate) struct LazyConnection {
-    client: Client,
-    conn: OnceCell<ConnectionManager>,
-    connect_timeout: Duration,
-    /// Where the background connect runs, so that `Redlock::close` can wait for it.
-    tasks: TaskTracker,
-}
-
 impl RedisNode {
     pub(crate) fn new(client: Client, node_timeout: Duration, tasks: TaskTracker) -> Self {
         let info = client.get_connection_info();
@@ -54,66 +43,6 @@ impl RedisNode {
                     .tracked_by(tasks),
             ),
         }
-    }
-}
-
-impl LazyConnection {
-    /// A connection to the server `client` points at, made on first use; connecting may take
-    /// up to `connect_timeout`. Callers bound each call themselves.
-    pub(crate) fn new(client: Client, connect_timeout: Duration) -> Self {
-        LazyConnection {
-            client,
-            conn: OnceCell::new(),
-            connect_timeout,
-            tasks: TaskTracker::new(),
-        }
-    }
-
-    /// The same, with its background connect tracked by `tasks`.
-    pub(crate) fn tracked_by(self, tasks: TaskTracker) -> Self {
-        LazyConnection { tasks, ..self }
-    }
-
-    /// The same, connecting within `connect_timeout` (before first use only).
-    pub(crate) fn with_connect_timeout(self, connect_timeout: Duration) -> Self {
-        LazyConnection {
-            connect_timeout,
-            ..self
-        }
-    }
-
-    /// The server's address, for messages.
-    pub(crate) fn addr(&self) -> String {
-        self.client.get_connection_info().addr().to_string()
-    }
-
-    /// The shared connection (a cheap clone).
-    pub(crate) async fn connection(&self) -> Result<ConnectionManager, redis::RedisError> {
-        let conn = self
-            .conn
-            .get_or_try_init(|| async {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.connect_timeout))
-                    // Every call is bounded by node_timeout in the quorum logic; a response
-                    // timeout here would only race with it.
-                    .set_response_timeout(None)
-                    // Reconnect quickly after a node restarts.
-                    .set_max_delay(Duration::from_secs(1));
-                let manager = ConnectionManager::new_lazy_with_config(self.client.clone(), config)?;
-                // The first connection only progresses while a call polls it, and every call
-                // gives up after node_timeout: a handshake slower than that would never
-                // finish. Drive it in the background instead (reconnects already are).
-                let mut driver = manager.clone();
-                let limit = self.connect_timeout;
-                self.tasks.spawn(async move {
-                    let ping =
-                        async move { redis::cmd("PING").query_async::<()>(&mut driver).await };
-                    let _ = tokio::time::timeout(limit, ping).await;
-                });
-                Ok::<_, redis::RedisError>(manager)
-            })
-            .await?;
-        Ok(conn.clone())
     }
 }
 
