@@ -37,7 +37,11 @@ async fn acquire_extend_release_and_fence_over_tls() {
 
     let mut lock = redlock.acquire(&["tls:a"], TTL).await.expect("acquire");
     let servers = &tls.servers;
-    assert_eq!(servers.holders("tls:a", lock.token(), 0..3), vec![0, 1, 2]);
+    // Acquire returns at the majority; the last node's grant may still be on its way.
+    assert!(
+        support::eventually(|| servers.holders("tls:a", lock.token(), 0..3).len() == 3).await,
+        "every node granted"
+    );
     assert_eq!(lock.fence(), Some(1), "the counter answered over TLS");
     assert_eq!(servers.get(0, "fence:{tls:a}").as_deref(), Some("1"));
 
@@ -165,7 +169,10 @@ async fn the_insecure_mode_accepts_an_untrusted_certificate() {
         .build()
         .expect("config");
     let lock = redlock.acquire(&["tls:c"], TTL).await.expect("acquire");
-    assert_eq!(tls.servers.holders("tls:c", lock.token(), 0..2), vec![0, 1]);
+    assert!(
+        support::eventually(|| tls.servers.holders("tls:c", lock.token(), 0..2).len() == 2).await,
+        "both nodes granted"
+    );
     lock.release().await.expect("release");
 }
 

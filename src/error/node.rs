@@ -30,15 +30,23 @@ pub enum NodeFailure {
     /// The node could not be reached (refused, reset, not connected yet).
     #[error("unreachable")]
     Connection(#[source] redis::RedisError),
-    /// The node answered with an error, e.g. `WRONGTYPE` when a key holds a hash.
+    /// The node answered with an error, e.g. `WRONGTYPE` when a key holds a hash, or
+    /// `WRONGPASS` when the password is wrong.
     #[error("error reply")]
     Reply(#[source] redis::RedisError),
+    /// The node's ACL refused a command or key (`NOPERM`): the user lacks a permission
+    /// redfence needs. The server's message names it (e.g. `'evalsha' command`); the README's
+    /// "Connecting to production Redis" gives the ACL line that grants what redfence needs.
+    #[error("permission denied by the node's ACL")]
+    Permission(#[source] redis::RedisError),
 }
 
 impl From<redis::RedisError> for NodeFailure {
     fn from(err: redis::RedisError) -> Self {
         if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
             NodeFailure::Connection(err)
+        } else if err.code() == Some("NOPERM") {
+            NodeFailure::Permission(err)
         } else {
             NodeFailure::Reply(err)
         }
