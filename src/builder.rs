@@ -1,134 +1,20 @@
 //! `RedlockBuilder` and the validated `Config` it produces.
 
 use std::collections::BTreeSet;
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::task::TaskTracker;
 
-use crate::address;
 use crate::config::Config;
 use crate::error::ConfigError;
 use crate::events::{Event, EventHook};
 use crate::fence::FencingCounter;
 use crate::inner::Shared;
-use crate::node::{Node, RedisNode, Tls, connect};
+use crate::node::Node;
+use crate::node_addr::NodeAddr;
 use crate::redlock::Redlock;
 use crate::retry::Backoff;
-
-/// A Redis master to lock on: a URL (`redis://host:port/db`, `redis://user:password@host`,
-/// `rediss://host:port` for TLS, `redis+unix:///path/to/redis.sock`) or a [`redis::Client`],
-/// with optional [`Tls`] settings. Anything that converts into it (`&str`, `String`,
-/// `redis::Client`) can be given to [`RedlockBuilder::node`].
-///
-/// `rediss://` needs the feature `tls-rustls` (recommended) or `tls-native-tls`; without
-/// one, `build()` rejects it with [`ConfigError::BadNodeUrl`] naming the feature.
-///
-/// Its `Debug` output, like every error that shows a URL, hides the password.
-#[derive(Clone)]
-pub struct NodeAddr {
-    repr: NodeRepr,
-    tls: Option<Tls>,
-}
-
-impl fmt::Debug for NodeAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut t = f.debug_tuple("NodeAddr");
-        match &self.repr {
-            NodeRepr::Url(url) => t.field(&address::redact_url(url)),
-            // redis-rs redacts the password itself.
-            NodeRepr::Client(client) => t.field(client),
-        };
-        if let Some(tls) = &self.tls {
-            t.field(tls);
-        }
-        t.finish()
-    }
-}
-
-#[derive(Clone)]
-enum NodeRepr {
-    Url(String),
-    Client(redis::Client),
-}
-
-impl NodeAddr {
-    /// The node at `url`, with the default settings (for `rediss://`: the system's trust
-    /// store). Parsed by [`build`](RedlockBuilder::build).
-    pub fn url(url: impl Into<String>) -> Self {
-        NodeAddr {
-            repr: NodeRepr::Url(url.into()),
-            tls: None,
-        }
-    }
-
-    /// Connects with these TLS settings (a custom CA, a client certificate, ...). The URL must
-    /// be `rediss://`; `build()` rejects TLS settings on a plain `redis://` node. Defaults to
-    /// [`Tls::new`] for `rediss://` URLs.
-    #[must_use]
-    pub fn tls(mut self, tls: Tls) -> Self {
-        self.tls = Some(tls);
-        self
-    }
-
-    /// The `redis::Client` this node connects with, or why it cannot be made (node `index`).
-    fn client(self, index: usize) -> Result<redis::Client, ConfigError> {
-        match self.repr {
-            NodeRepr::Client(client) => {
-                let addr = client.get_connection_info().addr().to_string();
-                connect::tls_client(client, self.tls.as_ref()).map_err(|err| ConfigError::BadTls {
-                    index,
-                    addr,
-                    reason: err.to_string(),
-                })
-            }
-            NodeRepr::Url(url) => {
-                let plain = redis::Client::open(url.as_str());
-                connect::open(&url, self.tls.as_ref()).map_err(|err| match plain {
-                    // The URL parses: the TLS settings are what is wrong.
-                    Ok(_) if self.tls.is_some() => ConfigError::BadTls {
-                        index,
-                        addr: address::redact_url(&url),
-                        reason: err.to_string(),
-                    },
-                    _ => ConfigError::BadNodeUrl {
-                        index,
-                        url: address::redact_url(&url),
-                        reason: err.to_string(),
-                    },
-                })
-            }
-        }
-    }
-}
-
-impl From<&str> for NodeAddr {
-    fn from(url: &str) -> Self {
-        NodeAddr::url(url)
-    }
-}
-
-impl From<String> for NodeAddr {
-    fn from(url: String) -> Self {
-        NodeAddr::url(url)
-    }
-}
-
-impl From<&String> for NodeAddr {
-    fn from(url: &String) -> Self {
-        NodeAddr::url(url.clone())
-    }
-}
-
-impl From<redis::Client> for NodeAddr {
-    fn from(client: redis::Client) -> Self {
-        NodeAddr {
-            repr: NodeRepr::Client(client),
-            tls: None,
-        }
-    }
-}
 
 /// Builds a [`Redlock`]. Every option has a documented default; nothing is checked until
 /// [`build`](RedlockBuilder::build), which validates everything at once.
@@ -320,9 +206,7 @@ impl RedlockBuilder {
         let mut nodes: Vec<Arc<dyn Node>> = Vec::with_capacity(self.nodes.len());
         let mut seen: Vec<BTreeSet<String>> = Vec::with_capacity(self.nodes.len());
         for (index, addr) in self.nodes.into_iter().enumerate() {
-            let client = addr.client(index)?;
-            let identities = address::identities(client.get_connection_info());
-            let node = RedisNode::new(client, config.node_timeout, tasks.clone());
+            let (node, identities) = addr.into_node(index, &config, &tasks)?;
             if let Some(first) = seen.iter().position(|s| !s.is_disjoint(&identities)) {
                 return Err(ConfigError::DuplicateNode {
                     first,
@@ -331,7 +215,7 @@ impl RedlockBuilder {
                 });
             }
             seen.push(identities);
-            nodes.push(Arc::new(node));
+            nodes.push(node);
         }
         Ok(Redlock::from_shared(Shared::new(config, nodes, tasks)))
     }

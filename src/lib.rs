@@ -78,13 +78,14 @@ mod inspect;
 mod lock;
 mod metrics;
 mod node;
+mod node_addr;
 mod quorum;
 mod redlock;
 mod retry;
 mod trace;
 mod using;
 
-pub use builder::{NodeAddr, RedlockBuilder};
+pub use builder::RedlockBuilder;
 pub use error::{
     BoxError, ConfigError, Error, FencingError, InvalidInput, LossReason, NodeError, NodeFailure,
     RenewalLimit,
@@ -99,6 +100,7 @@ pub use inspect::{
 };
 pub use lock::Lock;
 pub use node::Tls;
+pub use node_addr::NodeAddr;
 pub use redlock::Redlock;
 pub use retry::Backoff;
 pub use using::Signal;

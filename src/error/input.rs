@@ -95,6 +95,23 @@ pub enum InvalidInput {
         /// What the counter said.
         reason: String,
     },
+    /// A voter that is a whole Redis Cluster must keep all of a lock's keys in one hash slot
+    /// (one script runs them atomically), and two of these resources hash to different slots.
+    /// Give the resources a common `{hash tag}`: `{order:42}:payment` and
+    /// `{order:42}:invoice` share the slot of `order:42`.
+    #[error(
+        "node #{node} ({addr}) is a Redis Cluster and resources #{first} and #{second} are in different hash slots; give them a common {{hash tag}}, e.g. \"{{order:42}}:payment\" and \"{{order:42}}:invoice\""
+    )]
+    KeysAcrossSlots {
+        /// The cluster voter's position in the order given.
+        node: usize,
+        /// Its address (a seed), without credentials.
+        addr: String,
+        /// The position of the first resource.
+        first: usize,
+        /// The position of a resource in another slot.
+        second: usize,
+    },
     /// The TTL is shorter than one millisecond, the resolution Redis expires keys at.
     #[error("ttl {ttl:?} is shorter than 1 ms")]
     ZeroTtl {

@@ -1,11 +1,15 @@
 //! One lock server as the quorum logic sees it: the [`Node`] trait, the request it runs, and
 //! its Redis implementation. Unit tests run the same logic over fake nodes.
 
+#[cfg(feature = "cluster")]
+mod cluster;
 pub(crate) mod connect;
 mod connection;
 #[cfg(test)]
 pub(crate) mod fake;
 mod redis;
+#[cfg(feature = "cluster")]
+mod script_call;
 
 use std::sync::Arc;
 
@@ -16,6 +20,8 @@ use crate::error::NodeFailure;
 pub use self::connect::Tls;
 pub(crate) use self::connection::LazyConnection;
 pub(crate) use self::redis::RedisNode;
+#[cfg(feature = "cluster")]
+pub(crate) use cluster::ClusterNode;
 
 /// Which script a request runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -62,6 +68,13 @@ pub(crate) trait Node: Send + Sync {
 
     /// The node's address (host, port and database, never credentials), for error messages.
     fn addr(&self) -> &str;
+
+    /// Two keys of `keys` (their positions) that this node cannot run in one script: a
+    /// voter that is a whole Redis Cluster needs every key of a lock in one hash slot.
+    /// Checked before any traffic. Defaults to none (a single server takes any keys).
+    fn split_keys(&self, _keys: &[String]) -> Option<(usize, usize)> {
+        None
+    }
 }
 
 /// One key as a node holds it: its `TYPE` (`none` when absent), its value when it is a

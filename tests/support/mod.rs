@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod faketime;
 pub mod postgres;
 pub mod proxy;
+pub mod redis_cluster;
 pub mod tls;
 
 use std::net::TcpListener;
