@@ -36,6 +36,8 @@ impl fmt::Debug for NodeAddr {
             NodeRepr::Client(client) => t.field(client),
             #[cfg(feature = "cluster")]
             NodeRepr::Cluster(seeds) => t.field(&cluster_addr(seeds)),
+            #[cfg(feature = "sentinel")]
+            NodeRepr::Sentinel(sentinels, master) => t.field(&sentinel_addr(sentinels, master)),
         };
         if let Some(tls) = &self.tls {
             t.field(tls);
@@ -52,6 +54,16 @@ enum NodeRepr {
     /// A whole Redis Cluster, by its seed URLs.
     #[cfg(feature = "cluster")]
     Cluster(Vec<String>),
+    /// A Sentinel-managed master: the sentinels' URLs and the master's name.
+    #[cfg(feature = "sentinel")]
+    Sentinel(Vec<String>, String),
+}
+
+/// How a sentinel voter is named in messages: `sentinel[master@seed, seed]`.
+#[cfg(feature = "sentinel")]
+fn sentinel_addr(sentinels: &[String], master: &str) -> String {
+    let seeds: Vec<String> = sentinels.iter().map(|s| address::redact_url(s)).collect();
+    format!("sentinel[{master}@{}]", seeds.join(", "))
 }
 
 /// How a cluster voter is named in messages: `cluster[seed, seed]`, passwords redacted.
@@ -108,6 +120,44 @@ impl NodeAddr {
         }
     }
 
+    /// The master that a Sentinel group calls `master`, as **one** voter, found through the
+    /// sentinels at `sentinels` (their URLs). The master is resolved through the sentinels on
+    /// first use and again after any failure of its connection (a failover demotes it). The
+    /// master is reached without TLS, user or password in this version. Feature `sentinel`.
+    ///
+    /// **Safety caveat**: replication is asynchronous, so a failover can promote a replica
+    /// that never received a grant: the voter forgets the lock, like a restart without
+    /// persistence. See the README's "Connecting to production Redis".
+    ///
+    /// ```no_run
+    /// use redfence::{NodeAddr, Redlock};
+    ///
+    /// # fn main() -> Result<(), redfence::ConfigError> {
+    /// let sentinels = ["redis://10.0.0.5:26379", "redis://10.0.0.6:26379", "redis://10.0.0.7:26379"];
+    /// let redlock = Redlock::builder()
+    ///     .node(NodeAddr::sentinel(sentinels, "locks-a"))
+    ///     .node(NodeAddr::sentinel(sentinels, "locks-b"))
+    ///     .node(NodeAddr::sentinel(sentinels, "locks-c"))
+    ///     .build()?;
+    /// # drop(redlock);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "sentinel")]
+    pub fn sentinel<I>(sentinels: I, master: impl Into<String>) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        NodeAddr {
+            repr: NodeRepr::Sentinel(
+                sentinels.into_iter().map(Into::into).collect(),
+                master.into(),
+            ),
+            tls: None,
+        }
+    }
+
     /// The node this address names (node `index`), with the server addresses it answers at
     /// (for duplicate detection).
     pub(crate) fn into_node(
@@ -119,6 +169,10 @@ impl NodeAddr {
         #[cfg(feature = "cluster")]
         if let NodeRepr::Cluster(seeds) = &self.repr {
             return cluster_node(index, seeds, self.tls.as_ref(), config);
+        }
+        #[cfg(feature = "sentinel")]
+        if let NodeRepr::Sentinel(sentinels, master) = &self.repr {
+            return sentinel_node(index, sentinels, master, config);
         }
         let client = self.client(index)?;
         let identities = address::identities(client.get_connection_info());
@@ -151,6 +205,12 @@ impl NodeAddr {
                 index,
                 url: cluster_addr(&seeds),
                 reason: "a cluster is not one server".into(),
+            }),
+            #[cfg(feature = "sentinel")]
+            NodeRepr::Sentinel(sentinels, master) => Err(ConfigError::BadNodeUrl {
+                index,
+                url: sentinel_addr(&sentinels, &master),
+                reason: "a sentinel group is not one server".into(),
             }),
             NodeRepr::Url(url) => {
                 let plain = redis::Client::open(url.as_str());
@@ -208,6 +268,42 @@ fn cluster_node(
                 reason: err.to_string(),
             }
         })?;
+    Ok((Arc::new(node), identities))
+}
+
+/// A sentinel voter (node `index`). Its identity for duplicate detection is the master's name
+/// with the sentinels' addresses: two voters naming one master through one group are one.
+#[cfg(feature = "sentinel")]
+fn sentinel_node(
+    index: usize,
+    sentinels: &[String],
+    master: &str,
+    config: &Config,
+) -> Result<(Arc<dyn Node>, BTreeSet<String>), ConfigError> {
+    let addr = sentinel_addr(sentinels, master);
+    let bad = |reason: String| ConfigError::BadNodeUrl {
+        index,
+        url: addr.clone(),
+        reason,
+    };
+    if sentinels.is_empty() {
+        return Err(bad(
+            "a sentinel voter needs at least one sentinel URL".into()
+        ));
+    }
+    let mut infos = Vec::with_capacity(sentinels.len());
+    let mut identities = BTreeSet::new();
+    for url in sentinels {
+        let client = NodeAddr::url(url.clone()).client(index)?;
+        for id in address::identities(client.get_connection_info()) {
+            identities.insert(format!("{master}@{id}"));
+        }
+        infos.push(client.get_connection_info().clone());
+    }
+    let connect_timeout = config.node_timeout.max(std::time::Duration::from_secs(1));
+    let node =
+        crate::node::SentinelNode::new(infos, master.to_owned(), addr.clone(), connect_timeout)
+            .map_err(|err| bad(err.to_string()))?;
     Ok((Arc::new(node), identities))
 }
 

@@ -159,8 +159,8 @@ impl Redlock {
     /// quickly while more than the threshold is left: retries start every
     /// `min(threshold / 5, node_timeout)`, or at once after a round that took longer (keep
     /// `node_timeout` well below the threshold so that several rounds fit). Each successful
-    /// round re-extends the lock to the full `ttl` on a majority ([`Event::Extended`]); each
-    /// failed one is reported as [`Event::ExtensionFailed`] with every node's error. After an
+    /// round re-extends the lock to the full `ttl` on a majority ([`Event::Extended`](crate::Event::Extended)); each
+    /// failed one is reported as [`Event::ExtensionFailed`](crate::Event::ExtensionFailed) with every node's error. After an
     /// abort the lock is no longer extended.
     ///
     /// # Bounded renewal
@@ -172,7 +172,7 @@ impl Redlock {
     ///
     /// `max_hold` is a hard bound on the keys' life: an extension is made only if it keeps
     /// the lock within `max_hold` of its acquisition, and a `ttl` above `max_hold` is refused
-    /// ([`InvalidInput::TtlAboveMaxHold`]). So the signal aborts *before* `max_hold` has
+    /// ([`InvalidInput::TtlAboveMaxHold`](crate::InvalidInput::TtlAboveMaxHold)). So the signal aborts *before* `max_hold` has
     /// passed — up to one `ttl` before it, with the threshold left on the last lease — and
     /// never after. If the routine keeps going, the lock expires on its own by `max_hold`; it
     /// is still released at the end.
@@ -217,13 +217,13 @@ impl Redlock {
     /// # Errors
     ///
     /// The routine's own result or error is returned unchanged. A failed release does not
-    /// hide it: it is reported as [`Event::ReleaseFailed`] (and logged), and the keys expire
+    /// hide it: it is reported as [`Event::ReleaseFailed`](crate::Event::ReleaseFailed) (and logged), and the keys expire
     /// at the end of their TTL. Errors of `using` itself go through `E::from`:
     ///
     /// - [`Error::InvalidInput`] for anything [`acquire`](Self::acquire) rejects, and for a
     ///   `ttl` not above `automatic_extension_threshold` plus its drift allowance
-    ///   ([`InvalidInput::TtlNotAboveThreshold`]), or above `max_hold`
-    ///   ([`InvalidInput::TtlAboveMaxHold`]); nothing is sent and the routine never runs.
+    ///   ([`InvalidInput::TtlNotAboveThreshold`](crate::InvalidInput::TtlNotAboveThreshold)), or above `max_hold`
+    ///   ([`InvalidInput::TtlAboveMaxHold`](crate::InvalidInput::TtlAboveMaxHold)); nothing is sent and the routine never runs.
     /// - Any error of [`acquire`](Self::acquire) (`Contended`, `QuorumUnreachable`,
     ///   `AcquireTimeout`, `Fencing`, ...); the routine never runs.
     ///

@@ -8,8 +8,10 @@ mod connection;
 #[cfg(test)]
 pub(crate) mod fake;
 mod redis;
-#[cfg(feature = "cluster")]
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
 mod script_call;
+#[cfg(feature = "sentinel")]
+mod sentinel;
 
 use std::sync::Arc;
 
@@ -22,6 +24,8 @@ pub(crate) use self::connection::LazyConnection;
 pub(crate) use self::redis::RedisNode;
 #[cfg(feature = "cluster")]
 pub(crate) use cluster::ClusterNode;
+#[cfg(feature = "sentinel")]
+pub(crate) use sentinel::SentinelNode;
 
 /// Which script a request runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -10,6 +10,7 @@ pub mod faketime;
 pub mod postgres;
 pub mod proxy;
 pub mod redis_cluster;
+pub mod sentinel;
 pub mod tls;
 
 use std::net::TcpListener;
