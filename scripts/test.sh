@@ -29,6 +29,10 @@ fi
 
 # Everything but the torture runs, then the torture runs with their figures printed.
 cargo test --all-features -- --skip torture_
+# TLS through native-tls too (with all features, redis-rs uses rustls), and the unit tests
+# without any feature (the messages that name the TLS feature to enable).
+cargo test --features tls-native-tls --test tls
+cargo test --lib
 cargo test --all-features --test torture -- --nocapture torture_local
 if [ "$docker_ok" -eq 1 ]; then
     cargo test --all-features --test safety -- --ignored

@@ -126,11 +126,12 @@ async fn an_untrusted_server_is_a_connection_error_of_its_node() {
             panic!("expected QuorumUnreachable, got {err}");
         };
         assert!(*granted <= 1, "{err}");
-        let failed: Vec<usize> = errors.iter().map(|e| e.index).collect();
-        assert_eq!(failed, vec![0, 1], "{err}");
-        let done = errors
-            .iter()
-            .all(|e| matches!(e.failure, NodeFailure::Connection(_)));
+        // Node 2 may still be in its first handshake; nodes 0 and 1 always fail.
+        let untrusted = |i: usize| errors.iter().find(|e| e.index == i);
+        assert!(untrusted(0).is_some() && untrusted(1).is_some(), "{err}");
+        let done = [0, 1]
+            .into_iter()
+            .all(|i| untrusted(i).is_some_and(|e| matches!(e.failure, NodeFailure::Connection(_))));
         last = Some(err);
         if done {
             break;
@@ -145,6 +146,7 @@ async fn an_untrusted_server_is_a_connection_error_of_its_node() {
     assert!(
         errors
             .iter()
+            .filter(|e| e.index < 2)
             .all(|e| matches!(e.failure, NodeFailure::Connection(_))),
         "both untrusted nodes report a connection error in time: {shown}"
     );
@@ -153,7 +155,10 @@ async fn an_untrusted_server_is_a_connection_error_of_its_node() {
     }
     assert!(shown.to_lowercase().contains("certificate"), "{shown}");
     // A lock was never handed out, and node 2's grant was taken back.
-    assert_eq!(tls.servers.get(2, "tls:b"), None);
+    assert!(
+        support::eventually(|| tls.servers.get(2, "tls:b").is_none()).await,
+        "node 2's grant was released"
+    );
 }
 
 #[tokio::test]

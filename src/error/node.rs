@@ -27,7 +27,8 @@ pub enum NodeFailure {
     /// The node did not answer within `node_timeout`.
     #[error("timed out after {0:?}")]
     Timeout(Duration),
-    /// The node could not be reached (refused, reset, not connected yet).
+    /// The node could not be reached (refused, reset, not connected yet, a TLS handshake
+    /// failed: e.g. its certificate is not trusted).
     #[error("unreachable")]
     Connection(#[source] redis::RedisError),
     /// The node answered with an error, e.g. `WRONGTYPE` when a key holds a hash, or
@@ -43,7 +44,12 @@ pub enum NodeFailure {
 
 impl From<redis::RedisError> for NodeFailure {
     fn from(err: redis::RedisError) -> Self {
-        if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
+        // `Client`: failed before any command, e.g. a native-tls handshake (untrusted server).
+        if err.is_io_error()
+            || err.is_connection_refusal()
+            || err.is_connection_dropped()
+            || err.kind() == redis::ErrorKind::Client
+        {
             NodeFailure::Connection(err)
         } else if err.code() == Some("NOPERM") {
             NodeFailure::Permission(err)

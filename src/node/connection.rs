@@ -20,8 +20,8 @@ const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(2);
 /// (inside the caller's runtime) and shared by every call.
 ///
 /// redis-rs's `ConnectionManager` reconnects after I/O errors only: a connection whose
-/// handshake failed otherwise (`WRONGPASS`, `NOAUTH`) would fail every call for the life of
-/// the process. Such a failure drops the manager; the next call after a backoff (100 ms,
+/// handshake failed otherwise (`WRONGPASS`, `NOAUTH`, a native-tls handshake error) would
+/// fail every call for the life of the process. Such a failure drops the manager; the next call after a backoff (100 ms,
 /// doubling up to 2 s) makes a new one, and calls before then fail at once with the same error.
 pub(crate) struct LazyConnection {
     client: Client,
@@ -160,11 +160,14 @@ impl Connection {
 
 /// Whether `err` says that the connection itself is unusable in a way redis-rs does not
 /// recover from (it reconnects after I/O errors only): the handshake's authentication
-/// failed, or the server asks for authentication.
+/// failed, the server asks for authentication, or the connection failed on the client's side
+/// before any command (a native-tls handshake error).
 fn needs_new_connection(err: &RedisError) -> bool {
     !err.is_io_error()
-        && (matches!(err.kind(), ErrorKind::AuthenticationFailed)
-            || matches!(err.code(), Some("NOAUTH" | "WRONGPASS")))
+        && (matches!(
+            err.kind(),
+            ErrorKind::AuthenticationFailed | ErrorKind::Client
+        ) || matches!(err.code(), Some("NOAUTH" | "WRONGPASS")))
 }
 
 /// The wait before the next connection after `failures` connect-time failures in a row.
@@ -222,6 +225,8 @@ mod tests {
     fn only_connect_time_failures_need_a_new_connection() {
         let auth = RedisError::from((ErrorKind::AuthenticationFailed, "WRONGPASS"));
         assert!(needs_new_connection(&auth));
+        let tls = RedisError::from((ErrorKind::Client, "handshake failed"));
+        assert!(needs_new_connection(&tls));
         let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         assert!(!needs_new_connection(&io));
         let reply = RedisError::from((ErrorKind::UnexpectedReturnType, "not an integer"));
