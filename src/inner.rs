@@ -95,8 +95,19 @@ impl Shared {
                 }
             }
         }
+        let keys = self.keys(&names);
+        for (node, n) in self.nodes.iter().enumerate() {
+            if let Some((first, second)) = n.split_keys(&keys) {
+                return Err(InvalidInput::KeysAcrossSlots {
+                    node,
+                    addr: n.addr().to_owned(),
+                    first,
+                    second,
+                });
+            }
+        }
         Ok(Target {
-            keys: self.keys(&names),
+            keys,
             resources: names.into(),
             ttl,
         })

@@ -79,13 +79,14 @@ mod inspect;
 mod lock;
 mod metrics;
 mod node;
+mod node_addr;
 mod quorum;
 mod redlock;
 mod retry;
 mod trace;
 mod using;
 
-pub use builder::{NodeAddr, RedlockBuilder};
+pub use builder::RedlockBuilder;
 pub use election::{Election, ElectionBuilder, Leader, Leadership};
 pub use error::{
     BoxError, ConfigError, Error, FencingError, InvalidInput, LossReason, NodeError, NodeFailure,
@@ -102,6 +103,8 @@ pub use inspect::{
     Holder, Inspection, KeyState, NodeCheck, NodeReport, ResourceView, TOKEN_PREFIX_LEN,
 };
 pub use lock::Lock;
+pub use node::Tls;
+pub use node_addr::NodeAddr;
 pub use redlock::Redlock;
 pub use retry::Backoff;
 pub use using::Signal;

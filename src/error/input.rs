@@ -22,6 +22,17 @@ pub enum ConfigError {
         /// What the parser said.
         reason: String,
     },
+    /// A node's TLS settings cannot work: TLS settings on a `redis://` URL, a certificate or
+    /// key that does not parse, or no TLS feature enabled.
+    #[error("node #{index} ({addr}): bad TLS settings: {reason}")]
+    BadTls {
+        /// The node's position in the order given.
+        index: usize,
+        /// The node's address, without credentials.
+        addr: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// Two nodes point at the same server, which would count its vote twice.
     #[error(
         "nodes #{first} and #{second} both point at {addr}; every node must be a distinct master"
@@ -103,6 +114,23 @@ pub enum InvalidInput {
         index: usize,
         /// What the counter said.
         reason: String,
+    },
+    /// A voter that is a whole Redis Cluster must keep all of a lock's keys in one hash slot
+    /// (one script runs them atomically), and two of these resources hash to different slots.
+    /// Give the resources a common `{hash tag}`: `{order:42}:payment` and
+    /// `{order:42}:invoice` share the slot of `order:42`.
+    #[error(
+        "node #{node} ({addr}) is a Redis Cluster and resources #{first} and #{second} are in different hash slots; give them a common {{hash tag}}, e.g. \"{{order:42}}:payment\" and \"{{order:42}}:invoice\""
+    )]
+    KeysAcrossSlots {
+        /// The cluster voter's position in the order given.
+        node: usize,
+        /// Its address (a seed), without credentials.
+        addr: String,
+        /// The position of the first resource.
+        first: usize,
+        /// The position of a resource in another slot.
+        second: usize,
     },
     /// The TTL is shorter than one millisecond, the resolution Redis expires keys at.
     #[error("ttl {ttl:?} is shorter than 1 ms")]

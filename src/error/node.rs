@@ -27,7 +27,8 @@ pub enum NodeFailure {
     /// The node did not answer within `node_timeout`.
     #[error("timed out after {0:?}")]
     Timeout(Duration),
-    /// The node could not be reached (refused, reset, not connected yet).
+    /// The node could not be reached (refused, reset, not connected yet, a TLS handshake
+    /// failed: e.g. its certificate is not trusted).
     #[error("unreachable")]
     Connection(#[source] redis::RedisError),
     /// This client could not keep up: the node's request queue was full, so the request was
@@ -37,15 +38,28 @@ pub enum NodeFailure {
         /// How many requests were waiting.
         queued: usize,
     },
-    /// The node answered with an error, e.g. `WRONGTYPE` when a key holds a hash.
+    /// The node answered with an error, e.g. `WRONGTYPE` when a key holds a hash, or
+    /// `WRONGPASS` when the password is wrong.
     #[error("error reply")]
     Reply(#[source] redis::RedisError),
+    /// The node's ACL refused a command or key (`NOPERM`): the user lacks a permission
+    /// redfence needs. The server's message names it (e.g. `'evalsha' command`); the README's
+    /// "Connecting to production Redis" gives the ACL line that grants what redfence needs.
+    #[error("permission denied by the node's ACL")]
+    Permission(#[source] redis::RedisError),
 }
 
 impl From<redis::RedisError> for NodeFailure {
     fn from(err: redis::RedisError) -> Self {
-        if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() {
+        // `Client`: failed before any command, e.g. a native-tls handshake (untrusted server).
+        if err.is_io_error()
+            || err.is_connection_refusal()
+            || err.is_connection_dropped()
+            || err.kind() == redis::ErrorKind::Client
+        {
             NodeFailure::Connection(err)
+        } else if err.code() == Some("NOPERM") {
+            NodeFailure::Permission(err)
         } else {
             NodeFailure::Reply(err)
         }

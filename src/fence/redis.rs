@@ -10,7 +10,7 @@ use redis::{Client, Script};
 use super::FencingCounter;
 use super::batch::{Batcher, IssueBatch};
 use crate::error::BoxError;
-use crate::node::LazyConnection;
+use crate::node::{LazyConnection, Tls, connect};
 
 /// For each request of a batch in turn: reads every counter key of it, takes the largest
 /// value plus one (`INCR` for a single key) and stores it in every key; all atomically.
@@ -117,14 +117,26 @@ impl RedisCounter {
         }
     }
 
-    /// A counter on the Redis server at `url` (`redis://host:port/db`, `rediss://…`).
-    /// Connects on first use.
+    /// A counter on the Redis server at `url` (`redis://host:port/db`,
+    /// `redis://user:password@host`, or `rediss://…` for TLS with the system's trust store,
+    /// which needs the feature `tls-rustls` or `tls-native-tls`). Connects on first use.
     ///
     /// # Errors
     ///
-    /// The URL does not parse.
+    /// The URL does not parse, or asks for TLS in a build without a TLS feature.
     pub fn open(url: &str) -> Result<Self, redis::RedisError> {
-        Ok(Self::new(Client::open(url)?))
+        Ok(Self::new(connect::open(url, None)?))
+    }
+
+    /// A counter on the `rediss://` server at `url`, with these [`Tls`] settings (a custom
+    /// CA, a client certificate). Connects on first use.
+    ///
+    /// # Errors
+    ///
+    /// The URL does not parse or is not `rediss://`, a certificate or key does not parse, or
+    /// redfence was built without a TLS feature.
+    pub fn open_with_tls(url: &str, tls: &Tls) -> Result<Self, redis::RedisError> {
+        Ok(Self::new(connect::open(url, Some(tls))?))
     }
 
     /// The prefix of every counter key: the key of a resource is `{prefix}{{resource}}`.

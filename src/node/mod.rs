@@ -1,10 +1,17 @@
 //! One lock server as the quorum logic sees it: the [`Node`] trait, the request it runs, and
 //! its Redis implementation. Unit tests run the same logic over fake nodes.
 
+#[cfg(feature = "cluster")]
+mod cluster;
+pub(crate) mod connect;
+mod connection;
 #[cfg(test)]
 pub(crate) mod fake;
 mod pipeline;
 mod redis;
+mod script_call;
+#[cfg(feature = "sentinel")]
+mod sentinel;
 
 use std::sync::Arc;
 
@@ -12,7 +19,13 @@ use futures::future::BoxFuture;
 
 use crate::error::NodeFailure;
 
-pub(crate) use self::redis::{LazyConnection, RedisNode};
+pub use self::connect::Tls;
+pub(crate) use self::connection::LazyConnection;
+pub(crate) use self::redis::RedisNode;
+#[cfg(feature = "cluster")]
+pub(crate) use cluster::ClusterNode;
+#[cfg(feature = "sentinel")]
+pub(crate) use sentinel::SentinelNode;
 
 /// Which script a request runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -90,6 +103,13 @@ pub(crate) trait Node: Send + Sync {
 
     /// The node's address (host, port and database, never credentials), for error messages.
     fn addr(&self) -> &str;
+
+    /// Two keys of `keys` (their positions) that this node cannot run in one script: a
+    /// voter that is a whole Redis Cluster needs every key of a lock in one hash slot.
+    /// Checked before any traffic. Defaults to none (a single server takes any keys).
+    fn split_keys(&self, _keys: &[String]) -> Option<(usize, usize)> {
+        None
+    }
 }
 
 /// One key as a node holds it: its `TYPE` (`none` when absent), its value when it is a

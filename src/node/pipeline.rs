@@ -24,7 +24,7 @@ use std::time::Duration;
 use redis::{Script, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use super::redis::LazyConnection;
+use super::connection::LazyConnection;
 use super::{Op, Request};
 use crate::error::NodeFailure;
 

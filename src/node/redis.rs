@@ -1,24 +1,16 @@
-//! One Redis master: a lazy, shared, auto-reconnecting connection and the three lock scripts.
+//! One Redis master: the lock scripts over a lazy, shared `LazyConnection`.
 
-use std::sync::{Arc, LazyLock, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, Script};
-use tokio::sync::OnceCell;
+use redis::Client;
 use tokio_util::task::TaskTracker;
 
+use super::connection::LazyConnection;
 use super::pipeline::Pipeline;
-use super::{GuardedWrite, KeyRow, Node, Request};
+use super::{GuardedWrite, KeyRow, Node, Request, script_call};
 use crate::error::NodeFailure;
-
-static INSPECT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/inspect.lua")));
-static FORCE_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/force_release.lua")));
-static WRITE_IF_HELD: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/write_if_held.lua")));
 
 /// A Redis master reached through one multiplexed, auto-reconnecting connection that every
 /// lock shares. The connection is made on first use, inside the caller's runtime.
@@ -29,16 +21,6 @@ pub(crate) struct RedisNode {
     node_timeout: Duration,
     /// The node's request queue, started inside the runtime of the first call.
     pipeline: Arc<OnceLock<Arc<Pipeline>>>,
-}
-
-/// One multiplexed, auto-reconnecting connection to a Redis server, made on first use
-/// (inside the caller's runtime) and shared by every call.
-pub(crate) struct LazyConnection {
-    client: Client,
-    conn: OnceCell<ConnectionManager>,
-    connect_timeout: Duration,
-    /// Where the background connect runs, so that `Redlock::close` can wait for it.
-    tasks: TaskTracker,
 }
 
 impl RedisNode {
@@ -72,58 +54,6 @@ impl RedisNode {
         Ok(self
             .pipeline
             .get_or_init(|| Arc::new(Pipeline::start(Arc::clone(&self.shared), self.node_timeout))))
-    }
-}
-
-impl LazyConnection {
-    /// A connection to the server `client` points at, made on first use; connecting may take
-    /// up to `connect_timeout`. Callers bound each call themselves.
-    pub(crate) fn new(client: Client, connect_timeout: Duration) -> Self {
-        LazyConnection {
-            client,
-            conn: OnceCell::new(),
-            connect_timeout,
-            tasks: TaskTracker::new(),
-        }
-    }
-
-    /// The same, with its background connect tracked by `tasks`.
-    pub(crate) fn tracked_by(self, tasks: TaskTracker) -> Self {
-        LazyConnection { tasks, ..self }
-    }
-
-    /// The server's address, for messages.
-    pub(crate) fn addr(&self) -> String {
-        self.client.get_connection_info().addr().to_string()
-    }
-
-    /// The shared connection (a cheap clone).
-    pub(crate) async fn connection(&self) -> Result<ConnectionManager, redis::RedisError> {
-        let conn = self
-            .conn
-            .get_or_try_init(|| async {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.connect_timeout))
-                    // Every call is bounded by node_timeout in the quorum logic; a response
-                    // timeout here would only race with it.
-                    .set_response_timeout(None)
-                    // Reconnect quickly after a node restarts.
-                    .set_max_delay(Duration::from_secs(1));
-                let manager = ConnectionManager::new_lazy_with_config(self.client.clone(), config)?;
-                // The first connection only progresses while a call polls it, and every call
-                // gives up after node_timeout: a handshake slower than that would never
-                // finish. Drive it in the background instead (reconnects already are).
-                let mut driver = manager.clone();
-                let limit = self.connect_timeout;
-                self.tasks.spawn(async move {
-                    let ping =
-                        async move { redis::cmd("PING").query_async::<()>(&mut driver).await };
-                    let _ = tokio::time::timeout(limit, ping).await;
-                });
-                Ok::<_, redis::RedisError>(manager)
-            })
-            .await?;
-        Ok(conn.clone())
     }
 }
 
@@ -165,10 +95,7 @@ impl Node for RedisNode {
         let shared = Arc::clone(&self.shared);
         Box::pin(async move {
             let mut conn = shared.connection().await?;
-            let script: &Script = if delete { &FORCE_RELEASE } else { &INSPECT };
-            let mut invocation = script.prepare_invoke();
-            invocation.key(&*keys);
-            Ok(invocation.invoke_async(&mut conn).await?)
+            Ok(script_call::inspect(&mut conn, &keys, delete).await?)
         })
     }
 
@@ -177,15 +104,7 @@ impl Node for RedisNode {
         let write = write.clone();
         Box::pin(async move {
             let mut conn = shared.connection().await?;
-            let mut invocation = WRITE_IF_HELD.prepare_invoke();
-            invocation
-                .key(&*write.lock_key)
-                .key(&*write.key)
-                .arg(&*write.token)
-                .arg(write.value.as_deref().unwrap_or(""))
-                .arg(write.ttl_ms);
-            let written: i64 = invocation.invoke_async(&mut conn).await?;
-            Ok(written == 1)
+            Ok(script_call::write_if_held(&mut conn, &write).await?)
         })
     }
 
@@ -193,17 +112,7 @@ impl Node for RedisNode {
         let shared = Arc::clone(&self.shared);
         Box::pin(async move {
             let mut conn = shared.connection().await?;
-            let reply: Vec<String> = redis::cmd("CONFIG")
-                .arg("GET")
-                .arg("maxmemory-policy")
-                .query_async(&mut conn)
-                .await?;
-            reply.into_iter().nth(1).ok_or_else(|| {
-                NodeFailure::Reply(redis::RedisError::from((
-                    redis::ErrorKind::UnexpectedReturnType,
-                    "CONFIG GET maxmemory-policy returned no value",
-                )))
-            })
+            Ok(script_call::eviction_policy(&mut conn).await?)
         })
     }
 

@@ -9,6 +9,9 @@ pub mod cluster;
 pub mod faketime;
 pub mod postgres;
 pub mod proxy;
+pub mod redis_cluster;
+pub mod sentinel;
+pub mod tls;
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -57,7 +60,8 @@ fn binary() -> String {
     std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
 }
 
-fn free_port() -> u16 {
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
     listener.local_addr().expect("local addr").port()
 }
@@ -160,13 +164,24 @@ impl Servers {
 
     /// Starts `n` servers, server `i` as `launch(i)` says (another binary, extra environment).
     pub fn start_launched(n: usize, args: &[&str], launch: impl Fn(usize) -> Launch) -> Self {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        Self::start_each(n, |_| args.clone(), launch)
+    }
+
+    /// Starts `n` servers, server `i` with the extra arguments `args(i)` (called again for
+    /// every try, so it may pick fresh ports) and as `launch(i)` says.
+    pub fn start_each(
+        n: usize,
+        args: impl Fn(usize) -> Vec<String>,
+        launch: impl Fn(usize) -> Launch,
+    ) -> Self {
         let servers = (0..n)
             .map(|i| {
                 for _ in 0..5 {
                     let mut server = Server {
                         port: free_port(),
                         dir: tempfile::tempdir().expect("temp dir"),
-                        args: args.iter().map(|s| s.to_string()).collect(),
+                        args: args(i),
                         launch: launch(i),
                         child: None,
                     };

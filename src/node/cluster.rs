@@ -1,0 +1,164 @@
+//! A whole Redis Cluster as one voter: each request is one script call, routed by redis-rs's
+//! cluster client to the master of the keys' hash slot (following `MOVED` and `ASK`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use redis::RedisError;
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::Slot;
+use tokio::sync::Mutex;
+
+use super::{GuardedWrite, KeyRow, Node, Request, script_call};
+use crate::error::NodeFailure;
+
+/// One Redis Cluster, reached through its seed nodes, voting once. The connection is made on
+/// first use and shared; redis-rs refreshes the slot map after `MOVED`, reconnects to
+/// members, and finds the new master after a failover.
+pub(crate) struct ClusterNode {
+    addr: String,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    client: ClusterClient,
+    conn: Mutex<Option<ClusterConnection>>,
+}
+
+impl ClusterNode {
+    /// A voter over the cluster that `seeds` (its members' URLs) belong to; `addr` names it
+    /// in messages. Nothing is connected yet.
+    pub(crate) fn new(
+        seeds: Vec<redis::ConnectionInfo>,
+        addr: String,
+        connect_timeout: Duration,
+    ) -> Result<Self, RedisError> {
+        let client = ClusterClient::builder(seeds)
+            .connection_timeout(connect_timeout)
+            // Every call is bounded by node_timeout; a response timeout would only race it.
+            .response_timeout(Duration::from_secs(3600))
+            .build()?;
+        Ok(ClusterNode {
+            addr,
+            shared: Arc::new(Shared {
+                client,
+                conn: Mutex::new(None),
+            }),
+        })
+    }
+}
+
+impl Shared {
+    async fn connection(&self) -> Result<ClusterConnection, RedisError> {
+        let mut slot = self.conn.lock().await;
+        if let Some(conn) = slot.as_ref() {
+            return Ok(conn.clone());
+        }
+        let conn = self.client.get_async_connection().await?;
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Drops the connection after a failure the cluster client does not recover from by
+    /// itself (no member reachable, authentication), so that the next call starts afresh.
+    async fn observe<T>(&self, result: Result<T, RedisError>) -> Result<T, NodeFailure> {
+        if let Err(err) = &result
+            && matches!(
+                err.kind(),
+                redis::ErrorKind::ClusterConnectionNotFound
+                    | redis::ErrorKind::AuthenticationFailed
+            )
+        {
+            *self.conn.lock().await = None;
+        }
+        Ok(result?)
+    }
+}
+
+impl Node for ClusterNode {
+    fn call(&self, req: &Request) -> BoxFuture<'static, Result<i64, NodeFailure>> {
+        let shared = Arc::clone(&self.shared);
+        let req = req.clone();
+        Box::pin(async move {
+            let result = match shared.connection().await {
+                Ok(mut conn) => script_call::run(&mut conn, &req).await,
+                Err(err) => Err(err),
+            };
+            shared.observe(result).await
+        })
+    }
+
+    fn inspect(
+        &self,
+        keys: Arc<[String]>,
+        delete: bool,
+    ) -> BoxFuture<'static, Result<Vec<KeyRow>, NodeFailure>> {
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move {
+            let result = match shared.connection().await {
+                Ok(mut conn) => script_call::inspect(&mut conn, &keys, delete).await,
+                Err(err) => Err(err),
+            };
+            shared.observe(result).await
+        })
+    }
+
+    fn write_if_held(&self, write: &GuardedWrite) -> BoxFuture<'static, Result<bool, NodeFailure>> {
+        let shared = Arc::clone(&self.shared);
+        let write = write.clone();
+        Box::pin(async move {
+            let result = match shared.connection().await {
+                Ok(mut conn) => script_call::write_if_held(&mut conn, &write).await,
+                Err(err) => Err(err),
+            };
+            shared.observe(result).await
+        })
+    }
+
+    fn eviction_policy(&self) -> BoxFuture<'static, Result<String, NodeFailure>> {
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move {
+            let result = match shared.connection().await {
+                Ok(mut conn) => script_call::eviction_policy(&mut conn).await,
+                Err(err) => Err(err),
+            };
+            shared.observe(result).await
+        })
+    }
+
+    fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    fn split_keys(&self, keys: &[String]) -> Option<(usize, usize)> {
+        let first = Slot::for_key(keys.first()?);
+        keys.iter()
+            .position(|key| Slot::for_key(key) != first)
+            .map(|other| (0, other))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node() -> ClusterNode {
+        let seeds = vec![
+            redis::IntoConnectionInfo::into_connection_info("redis://127.0.0.1:1")
+                .expect("valid url"),
+        ];
+        ClusterNode::new(seeds, "cluster".into(), Duration::from_secs(1)).expect("client")
+    }
+
+    #[test]
+    fn keys_in_one_slot_pass_and_others_are_named() {
+        let keys = |ks: &[&str]| ks.iter().map(|k| k.to_string()).collect::<Vec<_>>();
+        let n = node();
+        assert_eq!(n.split_keys(&keys(&["{order:42}:a", "{order:42}:b"])), None);
+        assert_eq!(n.split_keys(&keys(&["a"])), None);
+        // "a" and "b" hash to slots 15495 and 3300.
+        assert_eq!(n.split_keys(&keys(&["a", "a", "b"])), Some((0, 2)));
+    }
+}

@@ -1,0 +1,227 @@
+//! One lazily made, shared, auto-reconnecting connection to a Redis server, which also
+//! recovers from failures that redis-rs's `ConnectionManager` never retries (a wrong password
+//! or a user disabled at connect time): the manager is then replaced, with backoff.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::{Client, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, Value};
+use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
+
+/// The first wait before a new connection after a connect-time failure; it doubles with each
+/// failure in a row, up to [`MAX_RECONNECT_DELAY`].
+const FIRST_RECONNECT_DELAY: Duration = Duration::from_millis(100);
+/// The longest wait before a new connection after a connect-time failure.
+const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(2);
+
+/// One multiplexed, auto-reconnecting connection to a Redis server, made on first use
+/// (inside the caller's runtime) and shared by every call.
+///
+/// redis-rs's `ConnectionManager` reconnects after I/O errors only: a connection whose
+/// handshake failed otherwise (`WRONGPASS`, `NOAUTH`, a native-tls handshake error) would
+/// fail every call for the life of the process. Such a failure drops the manager; the next call after a backoff (100 ms,
+/// doubling up to 2 s) makes a new one, and calls before then fail at once with the same error.
+pub(crate) struct LazyConnection {
+    client: Client,
+    slot: Arc<Mutex<Slot>>,
+    connect_timeout: Duration,
+    /// Where the background connect runs, so that `Redlock::close` can wait for it.
+    tasks: TaskTracker,
+}
+
+/// The current manager, or why there is none and when to try again.
+#[derive(Default)]
+struct Slot {
+    manager: Option<ConnectionManager>,
+    /// Counts managers made, so that a stale connection's failure drops nothing newer.
+    generation: u64,
+    /// Connect-time failures in a row.
+    failures: u32,
+    /// The last connect-time failure, returned until `retry_at`.
+    last_error: Option<RedisError>,
+    retry_at: Option<Instant>,
+}
+
+/// The connection a call uses: the shared manager, reporting connect-time failures back to
+/// its [`LazyConnection`].
+#[derive(Clone)]
+pub(crate) struct Connection {
+    manager: ConnectionManager,
+    slot: Arc<Mutex<Slot>>,
+    generation: u64,
+}
+
+impl LazyConnection {
+    /// A connection to the server `client` points at, made on first use; connecting may take
+    /// up to `connect_timeout`. Callers bound each call themselves.
+    pub(crate) fn new(client: Client, connect_timeout: Duration) -> Self {
+        LazyConnection {
+            client,
+            slot: Arc::default(),
+            connect_timeout,
+            tasks: TaskTracker::new(),
+        }
+    }
+
+    /// The same, with its background connect tracked by `tasks`.
+    pub(crate) fn tracked_by(self, tasks: TaskTracker) -> Self {
+        LazyConnection { tasks, ..self }
+    }
+
+    /// The server's address, for messages.
+    pub(crate) fn addr(&self) -> String {
+        self.client.get_connection_info().addr().to_string()
+    }
+
+    /// The shared connection (a cheap clone). Fails at once with the last connect-time
+    /// failure while its backoff lasts.
+    pub(crate) async fn connection(&self) -> Result<Connection, RedisError> {
+        let mut slot = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(manager) = &slot.manager {
+            return Ok(Connection {
+                manager: manager.clone(),
+                slot: Arc::clone(&self.slot),
+                generation: slot.generation,
+            });
+        }
+        if let (Some(at), Some(err)) = (slot.retry_at, &slot.last_error)
+            && Instant::now() < at
+        {
+            return Err(err.clone());
+        }
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            // Every call is bounded by node_timeout in the quorum logic; a response
+            // timeout here would only race with it.
+            .set_response_timeout(None)
+            // One attempt per connect: a failed one ends at once with its error (refused,
+            // untrusted certificate), so that calls report it instead of timing out behind a
+            // retry loop; the next call that finds the connection failed starts a new one.
+            .set_number_of_retries(0)
+            // Reconnect quickly after a node restarts.
+            .set_max_delay(Duration::from_secs(1));
+        let manager = ConnectionManager::new_lazy_with_config(self.client.clone(), config)?;
+        slot.generation += 1;
+        slot.manager = Some(manager.clone());
+        let conn = Connection {
+            manager,
+            slot: Arc::clone(&self.slot),
+            generation: slot.generation,
+        };
+        drop(slot);
+        // The first connection only progresses while a call polls it, and every call
+        // gives up after node_timeout: a handshake slower than that would never
+        // finish. Drive it in the background instead (reconnects already are).
+        let mut driver = conn.clone();
+        let limit = self.connect_timeout;
+        self.tasks.spawn(async move {
+            let ping = async move { redis::cmd("PING").query_async::<()>(&mut driver).await };
+            let _ = tokio::time::timeout(limit, ping).await;
+        });
+        Ok(conn)
+    }
+}
+
+impl Connection {
+    /// Notes how a command ended: a connect-time failure drops the manager (the next call
+    /// after the backoff makes a new one); a success ends a run of failures.
+    fn observe<T>(&self, result: &Result<T, RedisError>) {
+        let mut slot = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
+        match result {
+            Err(err) if needs_new_connection(err) => {
+                if slot.generation != self.generation || slot.manager.is_none() {
+                    return; // already replaced
+                }
+                slot.manager = None;
+                slot.failures = slot.failures.saturating_add(1);
+                slot.retry_at = Some(Instant::now() + reconnect_delay(slot.failures));
+                slot.last_error = Some(err.clone());
+                tracing::debug!(%err, failures = slot.failures, "connection refused at connect time; a new one will be made");
+            }
+            Ok(_) if slot.failures > 0 && slot.generation == self.generation => {
+                slot.failures = 0;
+                slot.last_error = None;
+                slot.retry_at = None;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Whether `err` says that the connection itself is unusable in a way redis-rs does not
+/// recover from (it reconnects after I/O errors only): the handshake's authentication
+/// failed, the server asks for authentication, or the connection failed on the client's side
+/// before any command (a native-tls handshake error).
+fn needs_new_connection(err: &RedisError) -> bool {
+    !err.is_io_error()
+        && (matches!(
+            err.kind(),
+            ErrorKind::AuthenticationFailed | ErrorKind::Client
+        ) || matches!(err.code(), Some("NOAUTH" | "WRONGPASS")))
+}
+
+/// The wait before the next connection after `failures` connect-time failures in a row.
+fn reconnect_delay(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    FIRST_RECONNECT_DELAY
+        .saturating_mul(1 << doublings)
+        .min(MAX_RECONNECT_DELAY)
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let result = self.manager.req_packed_command(cmd).await;
+            self.observe(&result);
+            result
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let result = self
+                .manager
+                .req_packed_commands(pipeline, offset, count)
+                .await;
+            self.observe(&result);
+            result
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.manager.get_db()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reconnect_delay_doubles_up_to_its_cap() {
+        assert_eq!(reconnect_delay(1), Duration::from_millis(100));
+        assert_eq!(reconnect_delay(2), Duration::from_millis(200));
+        assert_eq!(reconnect_delay(5), Duration::from_millis(1600));
+        assert_eq!(reconnect_delay(6), MAX_RECONNECT_DELAY);
+        assert_eq!(reconnect_delay(u32::MAX), MAX_RECONNECT_DELAY);
+    }
+
+    #[test]
+    fn only_connect_time_failures_need_a_new_connection() {
+        let auth = RedisError::from((ErrorKind::AuthenticationFailed, "WRONGPASS"));
+        assert!(needs_new_connection(&auth));
+        let tls = RedisError::from((ErrorKind::Client, "handshake failed"));
+        assert!(needs_new_connection(&tls));
+        let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(!needs_new_connection(&io));
+        let reply = RedisError::from((ErrorKind::UnexpectedReturnType, "not an integer"));
+        assert!(!needs_new_connection(&reply));
+    }
+}

@@ -1,0 +1,88 @@
+//! One request as one script call (`EVALSHA`, loading the script on `NOSCRIPT`) on any
+//! connection: what the node kinds without batching (cluster, sentinel) send, and the
+//! advisory calls every node kind makes (inspect, eviction policy, guarded write).
+
+use std::sync::LazyLock;
+
+use redis::Script;
+use redis::aio::ConnectionLike;
+
+use super::{GuardedWrite, KeyRow, Op, Request};
+
+static ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
+static EXTEND: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/extend.lua")));
+static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/release.lua")));
+static INSPECT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/inspect.lua")));
+static FORCE_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/force_release.lua")));
+static WRITE_IF_HELD: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/write_if_held.lua")));
+
+/// Runs `req`'s script on `conn` and returns its integer reply.
+#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
+pub(crate) async fn run<C: ConnectionLike + Send>(
+    conn: &mut C,
+    req: &Request,
+) -> Result<i64, redis::RedisError> {
+    let script: &Script = match req.op {
+        Op::Acquire => &ACQUIRE,
+        Op::Extend => &EXTEND,
+        Op::Release => &RELEASE,
+    };
+    let mut invocation = script.prepare_invoke();
+    invocation.key(&*req.keys).arg(&*req.token);
+    if req.op != Op::Release {
+        invocation.arg(req.ttl_ms);
+    }
+    invocation.invoke_async(conn).await
+}
+
+/// Reads (and with `delete`, deletes) `keys` on `conn`, as [`Node::inspect`](super::Node::inspect).
+pub(crate) async fn inspect<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &[String],
+    delete: bool,
+) -> Result<Vec<KeyRow>, redis::RedisError> {
+    let script: &Script = if delete { &FORCE_RELEASE } else { &INSPECT };
+    let mut invocation = script.prepare_invoke();
+    invocation.key(keys);
+    invocation.invoke_async(conn).await
+}
+
+/// The server's `maxmemory-policy`, as [`Node::eviction_policy`](super::Node::eviction_policy).
+pub(crate) async fn eviction_policy<C: ConnectionLike + Send>(
+    conn: &mut C,
+) -> Result<String, redis::RedisError> {
+    let reply: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async(conn)
+        .await?;
+    reply.into_iter().nth(1).ok_or_else(|| {
+        redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "CONFIG GET maxmemory-policy returned no value",
+        ))
+    })
+}
+
+/// Writes `write.key` if `write.lock_key` still holds our token, as
+/// [`Node::write_if_held`](super::Node::write_if_held).
+pub(crate) async fn write_if_held<C: ConnectionLike + Send>(
+    conn: &mut C,
+    write: &GuardedWrite,
+) -> Result<bool, redis::RedisError> {
+    let mut invocation = WRITE_IF_HELD.prepare_invoke();
+    invocation
+        .key(&*write.lock_key)
+        .key(&*write.key)
+        .arg(&*write.token)
+        .arg(write.value.as_deref().unwrap_or(""))
+        .arg(write.ttl_ms);
+    let written: i64 = invocation.invoke_async(conn).await?;
+    Ok(written == 1)
+}

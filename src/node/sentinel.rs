@@ -1,0 +1,143 @@
+//! A Sentinel-managed master as one voter: the current master is resolved through the
+//! sentinels, and resolved again after any failure of its connection (a failover demotes it:
+//! `READONLY`), each request being one script call.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use redis::aio::MultiplexedConnection;
+use redis::sentinel::{SentinelClient, SentinelServerType};
+use redis::{AsyncConnectionConfig, RedisError};
+use tokio::sync::Mutex;
+
+use super::{GuardedWrite, KeyRow, Node, Request, script_call};
+use crate::error::NodeFailure;
+
+/// The master named `master` in a Sentinel group, voting once.
+pub(crate) struct SentinelNode {
+    addr: String,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    client: Mutex<SentinelClient>,
+    conn: Mutex<Option<MultiplexedConnection>>,
+    connect_timeout: Duration,
+}
+
+impl SentinelNode {
+    /// A voter over the master `master` that the sentinels at `sentinels` watch; `addr`
+    /// names it in messages. Nothing is connected yet.
+    pub(crate) fn new(
+        sentinels: Vec<redis::ConnectionInfo>,
+        master: String,
+        addr: String,
+        connect_timeout: Duration,
+    ) -> Result<Self, RedisError> {
+        let client = SentinelClient::build(sentinels, master, None, SentinelServerType::Master)?;
+        Ok(SentinelNode {
+            addr,
+            shared: Arc::new(Shared {
+                client: Mutex::new(client),
+                conn: Mutex::new(None),
+                connect_timeout,
+            }),
+        })
+    }
+}
+
+impl Shared {
+    async fn connection(&self) -> Result<MultiplexedConnection, RedisError> {
+        let mut slot = self.conn.lock().await;
+        if let Some(conn) = slot.as_ref() {
+            return Ok(conn.clone());
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            // Every call is bounded by node_timeout; a response timeout would only race it.
+            .set_response_timeout(None);
+        let conn = self
+            .client
+            .lock()
+            .await
+            .get_async_connection_with_config(&config)
+            .await?;
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Forgets the master after a failure that may mean it is no longer the master (its
+    /// connection broke, it was demoted, it refuses writes), so that the next call asks the
+    /// sentinels again.
+    async fn observe<T>(&self, result: Result<T, RedisError>) -> Result<T, NodeFailure> {
+        if let Err(err) = &result
+            && (err.is_io_error()
+                || err.is_connection_dropped()
+                || err.is_unrecoverable_error()
+                || matches!(
+                    err.code(),
+                    Some("READONLY" | "MASTERDOWN" | "LOADING" | "NOAUTH" | "WRONGPASS")
+                ))
+        {
+            *self.conn.lock().await = None;
+        }
+        Ok(result?)
+    }
+}
+
+impl Node for SentinelNode {
+    fn call(&self, req: &Request) -> BoxFuture<'static, Result<i64, NodeFailure>> {
+        let shared = Arc::clone(&self.shared);
+        let req = req.clone();
+        Box::pin(async move {
+            let result = match shared.connection().await {
+                Ok(mut conn) => script_call::run(&mut conn, &req).await,
+                Err(err) => Err(err),
+            };
+            shared.observe(result).await
+        })
+    }
+
+    fn inspect(
+        &self,
+        keys: Arc<[String]>,
+        delete: bool,
+    ) -> BoxFuture<'static, Result<Vec<KeyRow>, NodeFailure>> {
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move {
+            let result = match shared.connection().await {
+                Ok(mut conn) => script_call::inspect(&mut conn, &keys, delete).await,
+                Err(err) => Err(err),
+            };
+            shared.observe(result).await
+        })
+    }
+
+    fn write_if_held(&self, write: &GuardedWrite) -> BoxFuture<'static, Result<bool, NodeFailure>> {
+        let shared = Arc::clone(&self.shared);
+        let write = write.clone();
+        Box::pin(async move {
+            let result = match shared.connection().await {
+                Ok(mut conn) => script_call::write_if_held(&mut conn, &write).await,
+                Err(err) => Err(err),
+            };
+            shared.observe(result).await
+        })
+    }
+
+    fn eviction_policy(&self) -> BoxFuture<'static, Result<String, NodeFailure>> {
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move {
+            let result = match shared.connection().await {
+                Ok(mut conn) => script_call::eviction_policy(&mut conn).await,
+                Err(err) => Err(err),
+            };
+            shared.observe(result).await
+        })
+    }
+
+    fn addr(&self) -> &str {
+        &self.addr
+    }
+}

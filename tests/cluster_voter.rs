@@ -1,0 +1,138 @@
+//! A whole Redis Cluster as one voter: three small clusters vote as three nodes, losing one
+//! whole cluster keeps locks working, a slot migration (ASK, then MOVED) during a hold keeps
+//! the lock, and a lock across hash slots is refused before any traffic.
+#![cfg(feature = "cluster")]
+
+mod support;
+
+use std::time::Duration;
+
+use redfence::{Error, InvalidInput, MemoryCounter, NodeAddr, Redlock, RedlockBuilder};
+use support::redis_cluster::RedisCluster;
+
+const TTL: Duration = Duration::from_secs(10);
+
+fn builder(clusters: &[RedisCluster]) -> RedlockBuilder {
+    Redlock::builder()
+        .nodes(clusters.iter().map(|c| NodeAddr::cluster(c.seeds())))
+        .node_timeout(Duration::from_millis(500))
+        .retry_delay(Duration::from_millis(20))
+        .retry_jitter(Duration::from_millis(10))
+}
+
+#[tokio::test]
+async fn three_clusters_vote_as_three_nodes_and_survive_losing_one_whole() {
+    let mut clusters: Vec<RedisCluster> = (0..3).map(|_| RedisCluster::start()).collect();
+    let redlock = builder(&clusters)
+        .fencing(MemoryCounter::new())
+        .build()
+        .expect("config");
+    assert_eq!(redlock.quorum(), 2);
+
+    // Two resources with one hash tag: one slot, so one cluster member runs the script.
+    let resources = ["{order:7}:payment", "{order:7}:invoice"];
+    let mut lock = redlock.acquire(&resources, TTL).await.expect("acquire");
+    assert_eq!(lock.fence(), Some(1));
+    let token = lock.token().to_owned();
+    assert!(
+        support::eventually(|| clusters.iter().all(|c| resources
+            .iter()
+            .all(|r| c.get(r).as_deref() == Some(&token))))
+        .await,
+        "every cluster holds both keys"
+    );
+    let rival = builder(&clusters).retry_count(0).build().expect("config");
+    let err = rival
+        .acquire(&resources, TTL)
+        .await
+        .expect_err("the lock is held");
+    assert!(matches!(err, Error::Contended { denied: 3, .. }), "{err}");
+
+    lock.extend(Duration::from_secs(60)).await.expect("extend");
+    assert!(
+        support::eventually(|| clusters.iter().all(|c| c.pttl(resources[0]) > 30_000)).await,
+        "the extension reached every cluster"
+    );
+    lock.release().await.expect("release");
+    assert!(
+        support::eventually(|| clusters.iter().all(|c| c.get(resources[0]).is_none())).await,
+        "the release reached every cluster"
+    );
+
+    // One whole cluster is gone: two of three still make a majority.
+    clusters[2].kill();
+    let lock = redlock.acquire(&["solo"], TTL).await.expect("acquire");
+    assert_eq!(clusters[0].get("solo").as_deref(), Some(lock.token()));
+    assert_eq!(clusters[1].get("solo").as_deref(), Some(lock.token()));
+    lock.release().await.expect("release");
+
+    let value = redlock
+        .using(&["scoped"], TTL, |signal| async move {
+            signal.check()?;
+            Ok::<_, Error>(42)
+        })
+        .await
+        .expect("using");
+    assert_eq!(value, 42);
+}
+
+#[tokio::test]
+async fn a_slot_migration_during_a_hold_keeps_the_lock() {
+    let cluster = RedisCluster::start();
+    let clusters = [cluster];
+    let redlock = builder(&clusters).build().expect("config");
+    let cluster = &clusters[0];
+    let mut lock = redlock.acquire(&["held"], TTL).await.expect("acquire");
+    let token = lock.token().to_owned();
+    let before = cluster.owner("held");
+
+    // Mid-migration: the key has moved and the old owner answers ASK.
+    let migration = cluster.start_migration("held");
+    lock.extend(Duration::from_secs(30))
+        .await
+        .expect("extend during the migration");
+    cluster.finish_migration(migration);
+    assert_ne!(cluster.owner("held"), before, "the slot moved");
+    assert_eq!(cluster.get("held").as_deref(), Some(token.as_str()));
+    assert!(cluster.pttl("held") > 20_000, "extended on the new owner");
+
+    // After it: the old owner answers MOVED; the lock is still ours and still exclusive.
+    lock.extend(Duration::from_secs(60))
+        .await
+        .expect("extend after the migration");
+    assert!(cluster.pttl("held") > 40_000);
+    let rival = builder(&clusters).retry_count(0).build().expect("config");
+    let err = rival
+        .acquire(&["held"], TTL)
+        .await
+        .expect_err("the lock survived the migration");
+    assert!(matches!(err, Error::Contended { .. }), "{err}");
+    lock.release().await.expect("release");
+    assert_eq!(cluster.get("held"), None);
+}
+
+#[tokio::test]
+async fn a_lock_across_hash_slots_is_refused_before_any_traffic() {
+    // Nothing listens there: any traffic would be an unreachable node, not this error.
+    let redlock = Redlock::builder()
+        .node(NodeAddr::cluster(["redis://127.0.0.1:1"]))
+        .build()
+        .expect("config");
+    let err = redlock
+        .acquire(&["a", "b"], TTL)
+        .await
+        .expect_err("different slots");
+    assert!(
+        matches!(
+            err,
+            Error::InvalidInput(InvalidInput::KeysAcrossSlots {
+                node: 0,
+                first: 0,
+                second: 1,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("hash tag"), "{err}");
+}
