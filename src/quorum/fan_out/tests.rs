@@ -1,0 +1,292 @@
+//! Fan-out over fake nodes on a paused clock: the majority rule, early decisions, release
+//! on failure, per-node ordering and bounded waits.
+
+use super::*;
+use crate::node::Node;
+use crate::node::fake::{Fake, FakeNode};
+use crate::quorum::quorum;
+
+const TIMEOUT: Duration = Duration::from_millis(50);
+const MS: Duration = Duration::from_millis(1);
+
+fn fakes(behaviours: &[Fake]) -> (Vec<Arc<FakeNode>>, Vec<Arc<dyn Node>>) {
+    let fakes: Vec<Arc<FakeNode>> = behaviours
+        .iter()
+        .map(|b| Arc::new(FakeNode::new(*b)))
+        .collect();
+    let nodes = fakes
+        .iter()
+        .map(|f| Arc::clone(f) as Arc<dyn Node>)
+        .collect();
+    (fakes, nodes)
+}
+
+async fn acquire(nodes: &[Arc<dyn Node>], req: &Request) -> Result<(Duration, Settled), Failed> {
+    acquire_round(nodes, req, TIMEOUT, 0.01, &TaskTracker::new()).await
+}
+
+fn request() -> Request {
+    Request {
+        op: Op::Acquire,
+        keys: Arc::from(vec!["k".to_string()]),
+        token: Arc::from("t"),
+        ttl_ms: 10_000,
+    }
+}
+
+/// When the node's answer arrives, and whether it is a grant.
+fn answer(b: Fake) -> (Duration, Option<bool>) {
+    match b {
+        Fake::Grant | Fake::Real => (Duration::ZERO, Some(true)),
+        Fake::Deny => (Duration::ZERO, Some(false)),
+        Fake::Fail => (Duration::ZERO, None),
+        Fake::Slow(d) if d < TIMEOUT => (d, Some(true)),
+        Fake::Slow(_) | Fake::Never => (TIMEOUT, None),
+    }
+}
+
+/// The model: (granted?, decision time) for a set of behaviours.
+fn expected(behaviours: &[Fake]) -> (bool, Duration) {
+    let n = behaviours.len();
+    let q = quorum(n);
+    let mut answers: Vec<_> = behaviours.iter().map(|b| answer(*b)).collect();
+    answers.sort_by_key(|(t, _)| *t);
+    let (mut granted, mut failed) = (0, 0);
+    for (t, grant) in answers {
+        if grant == Some(true) {
+            granted += 1;
+        } else {
+            failed += 1;
+        }
+        if granted >= q {
+            return (true, t);
+        }
+        if failed > n - q {
+            return (false, t);
+        }
+    }
+    unreachable!("every round is decided once all nodes answered")
+}
+
+fn all_combinations(n: usize) -> Vec<Vec<Fake>> {
+    let choices = [
+        Fake::Grant,
+        Fake::Deny,
+        Fake::Fail,
+        Fake::Slow(20 * MS),
+        Fake::Slow(200 * MS),
+        Fake::Never,
+    ];
+    let mut out = vec![vec![]];
+    for _ in 0..n {
+        out = out
+            .into_iter()
+            .flat_map(|prefix| {
+                choices.iter().map(move |c| {
+                    let mut v = prefix.clone();
+                    v.push(*c);
+                    v
+                })
+            })
+            .collect();
+    }
+    out
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_combination_follows_the_majority_rule_and_returns_early() {
+    for n in 1..=5 {
+        for behaviours in all_combinations(n) {
+            let (_, nodes) = fakes(&behaviours);
+            let (want_granted, want_time) = expected(&behaviours);
+            let start = tokio::time::Instant::now();
+            let tally = fan_out(
+                &nodes,
+                &request(),
+                TIMEOUT,
+                Until::Granted,
+                &Settled::none(),
+            )
+            .await
+            .tally;
+            let took = start.elapsed();
+            assert_eq!(tally.reached(), want_granted, "{behaviours:?}: {tally:?}");
+            assert_eq!(took, want_time, "{behaviours:?}: decided at the wrong time");
+            assert!(
+                took <= TIMEOUT,
+                "{behaviours:?}: slower than the node timeout"
+            );
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_rounds_release_every_node_and_granted_rounds_release_none() {
+    for n in 1..=5 {
+        for behaviours in all_combinations(n) {
+            let (fakes, nodes) = fakes(&behaviours);
+            let result = acquire(&nodes, &request()).await;
+            let (want_granted, _) = expected(&behaviours);
+            assert_eq!(result.is_ok(), want_granted, "{behaviours:?}: {result:?}");
+            for node in &fakes {
+                let released = node.calls().contains(&Op::Release);
+                assert_eq!(
+                    released,
+                    !want_granted,
+                    "{behaviours:?}: {:?}",
+                    node.calls()
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn refusals_are_contention_failures_are_unreachable() {
+    let run = |b: Vec<Fake>| async move {
+        let (_, nodes) = fakes(&b);
+        acquire(&nodes, &request())
+            .await
+            .map_err(|f| f.into_error(&["k".to_string()], 1))
+    };
+    use Fake::*;
+    let e = run(vec![Deny, Deny, Deny, Grant, Grant]).await;
+    assert!(
+        matches!(
+            e,
+            Err(Error::Contended {
+                denied: 3,
+                nodes: 5,
+                ..
+            })
+        ),
+        "{e:?}"
+    );
+    let e = run(vec![Fail, Never, Fail, Grant, Grant]).await;
+    match e {
+        Err(Error::QuorumUnreachable {
+            granted: 2,
+            errors,
+            quorum: 3,
+            ..
+        }) => {
+            assert_eq!(errors.len(), 3);
+            assert!(
+                errors
+                    .iter()
+                    .any(|e| matches!(e.failure, NodeFailure::Timeout(_)))
+            );
+            assert!(
+                errors
+                    .iter()
+                    .any(|e| matches!(e.failure, NodeFailure::Reply(_)))
+            );
+        }
+        other => panic!("expected QuorumUnreachable, got {other:?}"),
+    }
+    // Mixed: neither refusals nor failures alone rule a majority out.
+    let e = run(vec![Deny, Deny, Fail, Fail, Grant]).await;
+    assert!(
+        matches!(e, Err(Error::QuorumUnreachable { denied: 2, .. })),
+        "{e:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn slow_majority_leaves_no_validity() {
+    let (fakes, nodes) = fakes(&[Fake::Slow(40 * MS); 3]);
+    let req = Request {
+        ttl_ms: 41,
+        ..request()
+    };
+    let e = acquire(&nodes, &req).await;
+    assert!(
+        matches!(e, Err(Failed::Other(Error::NoValidity { .. }))),
+        "{e:?}"
+    );
+    assert!(fakes.iter().all(|n| n.calls().contains(&Op::Release)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_release_never_overtakes_the_acquire_it_follows() {
+    use Fake::*;
+    let behaviours = [Grant, Grant, Grant, Slow(40 * MS), Never];
+    let (fakes, nodes) = fakes(&behaviours);
+    let req = request();
+    let t0 = tokio::time::Instant::now();
+    let (_, settled) = acquire(&nodes, &req)
+        .await
+        .expect("a majority granted at once");
+    assert_eq!(t0.elapsed(), Duration::ZERO, "waited for the stragglers");
+
+    let release = Request {
+        op: Op::Release,
+        ..req
+    };
+    let (tally, done) = fan_out(&nodes, &release, TIMEOUT, Until::Answered, &settled)
+        .await
+        .into_parts(&TaskTracker::new());
+    assert_eq!(
+        t0.elapsed(),
+        Duration::ZERO,
+        "the release waited for the stragglers"
+    );
+    assert!(tally.answered() >= 3);
+    done.wait().await;
+
+    // The slow node got the release only after its acquire had finished...
+    let slow = fakes[3].seen();
+    assert_eq!(
+        slow.iter().map(|s| s.op).collect::<Vec<_>>(),
+        [Op::Acquire, Op::Release]
+    );
+    assert_eq!(slow[0].ended, Some(t0 + 40 * MS));
+    assert!(slow[1].started >= t0 + 40 * MS, "{slow:?}");
+    // ... and the hung node only after its acquire had timed out.
+    let hung = fakes[4].seen();
+    assert_eq!(
+        hung.iter().map(|s| s.op).collect::<Vec<_>>(),
+        [Op::Acquire, Op::Release]
+    );
+    assert!(hung[1].started >= t0 + TIMEOUT, "{hung:?}");
+    // The fast nodes were released at once.
+    assert_eq!(fakes[0].seen()[1].started, t0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_node_costs_each_round_at_most_one_timeout() {
+    use Fake::*;
+    let (_, nodes) = fakes(&[Grant, Grant, Never]);
+    let req = request();
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let before = tasks();
+    // Rounds far more often than the node timeout, each decided at once by the two
+    // healthy nodes, each following the previous one's straggler on the hung node.
+    let mut settled = Settled::none();
+    let mut most_tasks = 0;
+    for _ in 0..40 {
+        let (tally, next) = fan_out(&nodes, &req, TIMEOUT, Until::Granted, &settled)
+            .await
+            .into_parts(&TaskTracker::new());
+        assert!(tally.reached());
+        settled = next;
+        most_tasks = most_tasks.max(tasks() - before);
+        tokio::time::sleep(5 * MS).await;
+    }
+    // The last round waits for every node: the hung one costs one timeout, not a chain of
+    // the waits of every earlier round.
+    let start = tokio::time::Instant::now();
+    let tally = fan_out(&nodes, &req, TIMEOUT, Until::All, &settled)
+        .await
+        .finish(&nodes, Op::Acquire)
+        .await;
+    assert!(start.elapsed() <= TIMEOUT, "took {:?}", start.elapsed());
+    assert_eq!(tally.errors.len(), 1);
+    // Straggler drains live one timeout each: their number stays bounded by the rounds
+    // that fit in one timeout, however long the lock lives.
+    assert!(most_tasks <= 12, "{most_tasks} tasks alive at once");
+}
