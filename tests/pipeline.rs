@@ -1,0 +1,152 @@
+//! The per-node pipeline against real redis-server processes: bursts are granted, every lock
+//! in a batch gets its own answer, a bad key fails only its own lock, a killed node fails
+//! its batch without any lock granted short of a majority, and releases follow acquires.
+
+mod support;
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use redfence::{Error, NodeFailure, Redlock};
+use support::{Servers, eventually};
+
+const TTL: Duration = Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_five_thousand_is_all_granted_on_a_majority() {
+    const BURST: usize = 5_000;
+    let servers = Servers::start(3);
+    let redlock = servers.redlock();
+    support::warm_up(&redlock).await;
+    let results = join_all((0..BURST).map(|i| {
+        let redlock = redlock.clone();
+        async move { redlock.acquire(&[format!("burst:{i}")], TTL).await }
+    }))
+    .await;
+    let mut locks = Vec::with_capacity(BURST);
+    for (i, result) in results.into_iter().enumerate() {
+        match result {
+            Ok(lock) => locks.push(lock),
+            Err(err) => panic!("lock {i} of the burst failed: {err}"),
+        }
+    }
+    // Every lock's key is on a majority (all three, once the stragglers landed).
+    assert!(
+        eventually(|| (0..3).all(|n| servers.keys(n).len() >= BURST)).await,
+        "keys per node: {:?}",
+        (0..3).map(|n| servers.keys(n).len()).collect::<Vec<_>>()
+    );
+    for lock in locks.iter().step_by(97) {
+        let key = &lock.resources()[0];
+        assert!(servers.holders(key, lock.token(), 0..3).len() >= 2);
+    }
+    join_all(locks.into_iter().map(|l| l.release())).await;
+    assert!(eventually(|| (0..3).all(|n| servers.keys(n).is_empty())).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_lock_in_a_batch_gets_its_own_answer() {
+    let servers = Servers::start(3);
+    let redlock = servers.builder().retry_count(0).build().expect("config");
+    support::warm_up(&redlock).await;
+    // Half the resources are held by someone else on every node; the other half are free.
+    for n in 0..3 {
+        for i in (0..200).step_by(2) {
+            let _: () = servers.cmd(n, &["SET", &format!("mixed:{i}"), "someone-else"]);
+        }
+        // And one key holds a hash: WRONGTYPE for its lock alone.
+        let _: i64 = servers.cmd(n, &["HSET", "mixed:hash", "field", "value"]);
+    }
+    let mut names: Vec<String> = (0..200).map(|i| format!("mixed:{i}")).collect();
+    names.push("mixed:hash".into());
+    // All at once, so that they share batches.
+    let results = join_all(names.iter().map(|name| {
+        let redlock = redlock.clone();
+        async move { redlock.acquire(&[name.as_str()], TTL).await }
+    }))
+    .await;
+    for (i, result) in results.iter().enumerate().take(200) {
+        match (i % 2, result) {
+            (0, Err(Error::Contended { denied: 3, .. })) => {}
+            (1, Ok(_)) => {}
+            (_, other) => panic!("mixed:{i}: {other:?}"),
+        }
+    }
+    match &results[200] {
+        Err(Error::QuorumUnreachable { errors, .. }) => {
+            assert_eq!(errors.len(), 3);
+            for e in errors {
+                assert!(matches!(e.failure, NodeFailure::Reply(_)), "{e}");
+                assert!(e.to_string().contains("WRONGTYPE"), "{e}");
+            }
+        }
+        other => panic!("the hash's lock: {other:?}"),
+    }
+    // The granted locks hold their keys; the held and the hash ones were left untouched.
+    for n in 0..3 {
+        assert_eq!(servers.get(n, "mixed:0").as_deref(), Some("someone-else"));
+        let kind: String = servers.cmd(n, &["TYPE", "mixed:hash"]);
+        assert_eq!(kind, "hash");
+    }
+    let granted: Vec<_> = results.into_iter().filter_map(Result::ok).collect();
+    assert_eq!(granted.len(), 100);
+    join_all(granted.into_iter().map(|l| l.release())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_mid_batch_fails_its_locks_and_nothing_is_granted_without_a_majority() {
+    let mut servers = Servers::start(3);
+    let redlock = servers.builder().retry_count(0).build().expect("config");
+    support::warm_up(&redlock).await;
+    servers.kill(2);
+    servers.kill(1);
+    let results = join_all((0..300).map(|i| {
+        let redlock = redlock.clone();
+        async move { redlock.acquire(&[format!("killed:{i}")], TTL).await }
+    }))
+    .await;
+    for (i, result) in results.iter().enumerate() {
+        match result {
+            Err(Error::QuorumUnreachable {
+                granted, errors, ..
+            }) => {
+                assert!(*granted <= 1, "killed:{i}: {result:?}");
+                assert!(
+                    errors.iter().any(|e| e.index == 1 || e.index == 2),
+                    "killed:{i}: {result:?}"
+                );
+            }
+            other => panic!("killed:{i}: granted without a majority? {other:?}"),
+        }
+    }
+    // Every failed attempt released what it had taken on the live node.
+    assert!(eventually(|| servers.keys(0).is_empty()).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_runs_after_its_acquire_on_every_node() {
+    let servers = Servers::start(3);
+    let redlock: Redlock = servers.redlock();
+    support::warm_up(&redlock).await;
+    // Acquire and release back to back, many at once: the release returns at a majority, and
+    // on the last node it must still come after the acquire (or the key would stay behind).
+    join_all((0..500).map(|i| {
+        let redlock = redlock.clone();
+        async move {
+            let lock = redlock
+                .acquire(&[format!("order:{i}")], TTL)
+                .await
+                .expect("acquire");
+            lock.release().await.expect("release");
+        }
+    }))
+    .await;
+    redlock.close().await;
+    for n in 0..3 {
+        assert!(
+            servers.keys(n).is_empty(),
+            "node {n} kept {} keys",
+            servers.keys(n).len()
+        );
+    }
+}
