@@ -379,9 +379,7 @@ mod pg {
     use std::sync::Mutex;
 
     use redfence::PostgresCounter;
-    use redfence::fence::postgres::{
-        FenceCheck, FenceGuards, FencedUpdate, FencedWriteError, StaleFence,
-    };
+    use redfence::fence::postgres::{FenceCheck, FenceGuards, FencedUpdate, FencedWriteError};
     use redfence::tokio_postgres::Client;
     use support::postgres::Postgres;
     use tokio::sync::oneshot;
@@ -491,12 +489,9 @@ mod pg {
         let err = result_a.expect_err("A's write must be rejected");
         assert!(err.is_ownership_lost(), "{err:?}");
         assert_eq!(
-            err.stale(),
-            Some(&StaleFence {
-                resource: "accounts(id = 1)".into(),
-                offered: fence_a,
-                last_accepted: fence_b,
-            })
+            err.stale()
+                .map(|s| (s.resource.as_str(), s.offered, s.last_accepted)),
+            Some(("accounts(id = 1)", fence_a, fence_b))
         );
         // B's data is intact.
         let row = client
@@ -551,12 +546,9 @@ mod pg {
 
         let err = result_a.expect_err("A's write must be rejected");
         assert_eq!(
-            err.stale(),
-            Some(&StaleFence {
-                resource: "account:1".into(),
-                offered: fence_a,
-                last_accepted: fence_b,
-            })
+            err.stale()
+                .map(|s| (s.resource.as_str(), s.offered, s.last_accepted)),
+            Some(("account:1", fence_a, fence_b))
         );
         // Only B's mutations exist; A's transaction left nothing.
         let rows = client
@@ -885,12 +877,9 @@ mod pg {
                 .await
                 .expect_err("stale");
             assert_eq!(
-                err.stale(),
-                Some(&StaleFence {
-                    resource: "docs(id = \"d1\")".into(),
-                    offered,
-                    last_accepted: 5
-                })
+                err.stale()
+                    .map(|s| (s.resource.as_str(), s.offered, s.last_accepted)),
+                Some(("docs(id = \"d1\")", offered, 5))
             );
         }
         // A missing row is not a stale fence.
@@ -997,12 +986,9 @@ mod pg {
             let tx = c1.transaction().await.expect("begin");
             let err = guards.claim(&tx, "r", offered).await.expect_err("stale");
             assert_eq!(
-                err.stale(),
-                Some(&StaleFence {
-                    resource: "r".into(),
-                    offered,
-                    last_accepted: 5
-                })
+                err.stale()
+                    .map(|s| (s.resource.as_str(), s.offered, s.last_accepted)),
+                Some(("r", offered, 5))
             );
         }
 
@@ -1038,12 +1024,9 @@ mod pg {
             .await
             .expect_err("s is at 20");
         assert_eq!(
-            err.stale(),
-            Some(&StaleFence {
-                resource: "s".into(),
-                offered: 10,
-                last_accepted: 20
-            })
+            err.stale()
+                .map(|s| (s.resource.as_str(), s.offered, s.last_accepted)),
+            Some(("s", 10, 20))
         );
         // Even a caller who commits anyway records none of them.
         tx.commit().await.expect("commit");

@@ -3,7 +3,7 @@
 use super::*;
 
 use redfence::PostgresCounter;
-use redfence::fence::postgres::{FenceGuards, FencedWriteError, StaleFence};
+use redfence::fence::postgres::{FenceGuards, FencedWriteError};
 use redfence::tokio_postgres::Client;
 use support::postgres::Postgres;
 use tokio::sync::oneshot;
@@ -100,12 +100,9 @@ async fn a_deposed_leaders_late_write_is_rejected_by_the_guard_row() {
     let err = late.expect_err("A's late write must be rejected");
     assert!(err.is_ownership_lost(), "{err:?}");
     assert_eq!(
-        err.stale(),
-        Some(&StaleFence {
-            resource: "jobs".into(),
-            offered: term_a,
-            last_accepted: term_b,
-        })
+        err.stale()
+            .map(|s| (s.resource.as_str(), s.offered, s.last_accepted)),
+        Some(("jobs", term_a, term_b))
     );
     let rows = admin
         .query("SELECT writer, term FROM job_log ORDER BY term", &[])

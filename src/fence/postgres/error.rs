@@ -10,6 +10,7 @@ use super::chain;
 #[error(
     "stale fence for {resource}: offered {offered}, but {last_accepted} was already accepted (ownership of the lock was lost)"
 )]
+#[non_exhaustive]
 pub struct StaleFence {
     /// What was guarded: the guard's resource name ([`FenceGuards`](super::FenceGuards)), or
     /// `table(key_column = key)` for a [`FencedUpdate`](super::FencedUpdate).
