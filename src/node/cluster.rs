@@ -50,7 +50,9 @@ impl ClusterNode {
     }
 }
 
-impl Shared {
+impl script_call::Connector for Shared {
+    type Conn = ClusterConnection;
+
     async fn connection(&self) -> Result<ClusterConnection, RedisError> {
         let mut slot = self.conn.lock().await;
         if let Some(conn) = slot.as_ref() {
@@ -63,31 +65,19 @@ impl Shared {
 
     /// Drops the connection after a failure the cluster client does not recover from by
     /// itself (no member reachable, authentication), so that the next call starts afresh.
-    async fn observe<T>(&self, result: Result<T, RedisError>) -> Result<T, NodeFailure> {
-        if let Err(err) = &result
-            && matches!(
-                err.kind(),
-                redis::ErrorKind::ClusterConnectionNotFound
-                    | redis::ErrorKind::AuthenticationFailed
-            )
-        {
+    async fn forget_after(&self, err: &RedisError) {
+        if matches!(
+            err.kind(),
+            redis::ErrorKind::ClusterConnectionNotFound | redis::ErrorKind::AuthenticationFailed
+        ) {
             *self.conn.lock().await = None;
         }
-        Ok(result?)
     }
 }
 
 impl Node for ClusterNode {
     fn call(&self, req: &Request) -> BoxFuture<'static, Result<i64, NodeFailure>> {
-        let shared = Arc::clone(&self.shared);
-        let req = req.clone();
-        Box::pin(async move {
-            let result = match shared.connection().await {
-                Ok(mut conn) => script_call::run(&mut conn, &req).await,
-                Err(err) => Err(err),
-            };
-            shared.observe(result).await
-        })
+        script_call::call(&self.shared, req)
     }
 
     fn inspect(
@@ -95,37 +85,15 @@ impl Node for ClusterNode {
         keys: Arc<[String]>,
         delete: bool,
     ) -> BoxFuture<'static, Result<Vec<KeyRow>, NodeFailure>> {
-        let shared = Arc::clone(&self.shared);
-        Box::pin(async move {
-            let result = match shared.connection().await {
-                Ok(mut conn) => script_call::inspect(&mut conn, &keys, delete).await,
-                Err(err) => Err(err),
-            };
-            shared.observe(result).await
-        })
+        script_call::inspect_on(&self.shared, keys, delete)
     }
 
     fn write_if_held(&self, write: &GuardedWrite) -> BoxFuture<'static, Result<bool, NodeFailure>> {
-        let shared = Arc::clone(&self.shared);
-        let write = write.clone();
-        Box::pin(async move {
-            let result = match shared.connection().await {
-                Ok(mut conn) => script_call::write_if_held(&mut conn, &write).await,
-                Err(err) => Err(err),
-            };
-            shared.observe(result).await
-        })
+        script_call::write_if_held_on(&self.shared, write)
     }
 
     fn eviction_policy(&self) -> BoxFuture<'static, Result<String, NodeFailure>> {
-        let shared = Arc::clone(&self.shared);
-        Box::pin(async move {
-            let result = match shared.connection().await {
-                Ok(mut conn) => script_call::eviction_policy(&mut conn).await,
-                Err(err) => Err(err),
-            };
-            shared.observe(result).await
-        })
+        script_call::eviction_policy_on(&self.shared)
     }
 
     fn addr(&self) -> &str {

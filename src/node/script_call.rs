@@ -2,12 +2,15 @@
 //! connection: what the node kinds without batching (cluster, sentinel) send, and the
 //! advisory calls every node kind makes (inspect, eviction policy, guarded write).
 
-use std::sync::LazyLock;
+use std::future::Future;
+use std::sync::{Arc, LazyLock};
 
-use redis::Script;
+use futures::future::BoxFuture;
 use redis::aio::ConnectionLike;
+use redis::{RedisError, Script};
 
 use super::{GuardedWrite, KeyRow, Op, Request};
+use crate::error::NodeFailure;
 
 static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
@@ -85,4 +88,74 @@ pub(crate) async fn write_if_held<C: ConnectionLike + Send>(
         .arg(write.ttl_ms);
     let written: i64 = invocation.invoke_async(conn).await?;
     Ok(written == 1)
+}
+
+/// Where a node that sends one script per request (a cluster or a Sentinel voter) gets its
+/// connection, and when it drops it.
+#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
+pub(crate) trait Connector: Send + Sync + 'static {
+    /// The connection the scripts run on.
+    type Conn: ConnectionLike + Send;
+
+    /// The shared connection, made on first use.
+    fn connection(&self) -> impl Future<Output = Result<Self::Conn, RedisError>> + Send;
+
+    /// Drops the connection after `err` if it is a failure this kind of node recovers from
+    /// only by connecting afresh.
+    fn forget_after(&self, err: &RedisError) -> impl Future<Output = ()> + Send;
+}
+
+/// Runs `op` on `connector`'s connection and reports its failure to the connector.
+async fn on<C: Connector, T>(
+    connector: &C,
+    op: impl AsyncFnOnce(&mut C::Conn) -> Result<T, RedisError>,
+) -> Result<T, NodeFailure> {
+    let result = match connector.connection().await {
+        Ok(mut conn) => op(&mut conn).await,
+        Err(err) => Err(err),
+    };
+    if let Err(err) = &result {
+        connector.forget_after(err).await;
+    }
+    Ok(result?)
+}
+
+/// [`Node::call`](super::Node::call) over a [`Connector`].
+#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
+pub(crate) fn call<C: Connector>(
+    connector: &Arc<C>,
+    req: &Request,
+) -> BoxFuture<'static, Result<i64, NodeFailure>> {
+    let (connector, req) = (Arc::clone(connector), req.clone());
+    Box::pin(async move { on(&*connector, async |conn| run(conn, &req).await).await })
+}
+
+/// [`Node::inspect`](super::Node::inspect) over a [`Connector`].
+#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
+pub(crate) fn inspect_on<C: Connector>(
+    connector: &Arc<C>,
+    keys: Arc<[String]>,
+    delete: bool,
+) -> BoxFuture<'static, Result<Vec<KeyRow>, NodeFailure>> {
+    let connector = Arc::clone(connector);
+    Box::pin(async move { on(&*connector, async |conn| inspect(conn, &keys, delete).await).await })
+}
+
+/// [`Node::write_if_held`](super::Node::write_if_held) over a [`Connector`].
+#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
+pub(crate) fn write_if_held_on<C: Connector>(
+    connector: &Arc<C>,
+    write: &GuardedWrite,
+) -> BoxFuture<'static, Result<bool, NodeFailure>> {
+    let (connector, write) = (Arc::clone(connector), write.clone());
+    Box::pin(async move { on(&*connector, async |conn| write_if_held(conn, &write).await).await })
+}
+
+/// [`Node::eviction_policy`](super::Node::eviction_policy) over a [`Connector`].
+#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
+pub(crate) fn eviction_policy_on<C: Connector>(
+    connector: &Arc<C>,
+) -> BoxFuture<'static, Result<String, NodeFailure>> {
+    let connector = Arc::clone(connector);
+    Box::pin(async move { on(&*connector, async |conn| eviction_policy(conn).await).await })
 }

@@ -47,7 +47,9 @@ impl SentinelNode {
     }
 }
 
-impl Shared {
+impl script_call::Connector for Shared {
+    type Conn = MultiplexedConnection;
+
     async fn connection(&self) -> Result<MultiplexedConnection, RedisError> {
         let mut slot = self.conn.lock().await;
         if let Some(conn) = slot.as_ref() {
@@ -70,33 +72,23 @@ impl Shared {
     /// Forgets the master after a failure that may mean it is no longer the master (its
     /// connection broke, it was demoted, it refuses writes), so that the next call asks the
     /// sentinels again.
-    async fn observe<T>(&self, result: Result<T, RedisError>) -> Result<T, NodeFailure> {
-        if let Err(err) = &result
-            && (err.is_io_error()
-                || err.is_connection_dropped()
-                || err.is_unrecoverable_error()
-                || matches!(
-                    err.code(),
-                    Some("READONLY" | "MASTERDOWN" | "LOADING" | "NOAUTH" | "WRONGPASS")
-                ))
+    async fn forget_after(&self, err: &RedisError) {
+        if err.is_io_error()
+            || err.is_connection_dropped()
+            || err.is_unrecoverable_error()
+            || matches!(
+                err.code(),
+                Some("READONLY" | "MASTERDOWN" | "LOADING" | "NOAUTH" | "WRONGPASS")
+            )
         {
             *self.conn.lock().await = None;
         }
-        Ok(result?)
     }
 }
 
 impl Node for SentinelNode {
     fn call(&self, req: &Request) -> BoxFuture<'static, Result<i64, NodeFailure>> {
-        let shared = Arc::clone(&self.shared);
-        let req = req.clone();
-        Box::pin(async move {
-            let result = match shared.connection().await {
-                Ok(mut conn) => script_call::run(&mut conn, &req).await,
-                Err(err) => Err(err),
-            };
-            shared.observe(result).await
-        })
+        script_call::call(&self.shared, req)
     }
 
     fn inspect(
@@ -104,37 +96,15 @@ impl Node for SentinelNode {
         keys: Arc<[String]>,
         delete: bool,
     ) -> BoxFuture<'static, Result<Vec<KeyRow>, NodeFailure>> {
-        let shared = Arc::clone(&self.shared);
-        Box::pin(async move {
-            let result = match shared.connection().await {
-                Ok(mut conn) => script_call::inspect(&mut conn, &keys, delete).await,
-                Err(err) => Err(err),
-            };
-            shared.observe(result).await
-        })
+        script_call::inspect_on(&self.shared, keys, delete)
     }
 
     fn write_if_held(&self, write: &GuardedWrite) -> BoxFuture<'static, Result<bool, NodeFailure>> {
-        let shared = Arc::clone(&self.shared);
-        let write = write.clone();
-        Box::pin(async move {
-            let result = match shared.connection().await {
-                Ok(mut conn) => script_call::write_if_held(&mut conn, &write).await,
-                Err(err) => Err(err),
-            };
-            shared.observe(result).await
-        })
+        script_call::write_if_held_on(&self.shared, write)
     }
 
     fn eviction_policy(&self) -> BoxFuture<'static, Result<String, NodeFailure>> {
-        let shared = Arc::clone(&self.shared);
-        Box::pin(async move {
-            let result = match shared.connection().await {
-                Ok(mut conn) => script_call::eviction_policy(&mut conn).await,
-                Err(err) => Err(err),
-            };
-            shared.observe(result).await
-        })
+        script_call::eviction_policy_on(&self.shared)
     }
 
     fn addr(&self) -> &str {
