@@ -12,6 +12,8 @@ use crate::events::{Event, EventHook};
 use crate::fence::FencingCounter;
 use crate::inner::Shared;
 use crate::node::Node;
+#[cfg(test)]
+use crate::node::fake::{Fake, FakeNode};
 use crate::node_addr::NodeAddr;
 use crate::redlock::Redlock;
 use crate::retry::Backoff;
@@ -220,15 +222,17 @@ impl RedlockBuilder {
         Ok(Redlock::from_shared(Shared::new(config, nodes, tasks)))
     }
 
-    /// Builds a `Redlock` over the given (fake) nodes instead of the configured URLs.
+    /// Builds a `Redlock` over `n` healthy fake nodes instead of the configured URLs, and
+    /// returns the fakes too (to steer and inspect them).
     #[cfg(test)]
-    pub(crate) fn build_over(self, nodes: Vec<Arc<dyn Node>>) -> Result<Redlock, ConfigError> {
-        self.config.validate()?;
-        Ok(Redlock::from_shared(Shared::new(
-            self.config,
-            nodes,
-            TaskTracker::new(),
-        )))
+    pub(crate) fn build_over_fakes(self, n: usize) -> (Vec<Arc<FakeNode>>, Redlock) {
+        let (fakes, nodes) = crate::node::fake::fakes(&vec![Fake::Real; n]);
+        let redlock = self
+            .config
+            .validate()
+            .map(|()| Redlock::from_shared(Shared::new(self.config, nodes, TaskTracker::new())))
+            .expect("a valid test configuration");
+        (fakes, redlock)
     }
 }
 

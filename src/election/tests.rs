@@ -11,21 +11,15 @@ use tokio::time::Instant;
 use super::builder::Timing;
 use super::*;
 use crate::error::{ConfigError, LossReason};
+use crate::node::Op;
 use crate::node::fake::{Fake, FakeNode};
-use crate::node::{Node, Op};
 use crate::{MemoryCounter, RedlockBuilder};
 
 const S: Duration = Duration::from_secs(1);
 const MS: Duration = Duration::from_millis(1);
 
 fn over(n: usize, builder: RedlockBuilder) -> (Vec<Arc<FakeNode>>, Redlock) {
-    let fakes: Vec<Arc<FakeNode>> = (0..n).map(|_| Arc::new(FakeNode::real())).collect();
-    let nodes = fakes
-        .iter()
-        .map(|f| Arc::clone(f) as Arc<dyn Node>)
-        .collect();
-    let redlock = builder.build_over(nodes).expect("valid config");
-    (fakes, redlock)
+    builder.build_over_fakes(n)
 }
 
 fn fenced(n: usize) -> (Vec<Arc<FakeNode>>, Redlock) {

@@ -66,11 +66,6 @@ impl FakeNode {
         node
     }
 
-    /// A node that behaves like a healthy Redis server.
-    pub(crate) fn real() -> Self {
-        Self::new(Fake::Real)
-    }
-
     /// From now on, answers `op` as `behaviour` says.
     pub(crate) fn set(&self, op: Op, behaviour: Fake) {
         if let Ok(mut b) = self.inner.behaviour.lock() {
@@ -284,4 +279,18 @@ impl Node for FakeNode {
     fn addr(&self) -> &str {
         "fake"
     }
+}
+
+/// Fake nodes with these acquire behaviours, both as fakes (to steer and inspect) and as the
+/// `Node`s a `Redlock` or a round runs over.
+pub(crate) fn fakes(behaviours: &[Fake]) -> (Vec<Arc<FakeNode>>, Vec<Arc<dyn Node>>) {
+    let fakes: Vec<Arc<FakeNode>> = behaviours
+        .iter()
+        .map(|b| Arc::new(FakeNode::new(*b)))
+        .collect();
+    let nodes = fakes
+        .iter()
+        .map(|f| Arc::clone(f) as Arc<dyn Node>)
+        .collect();
+    (fakes, nodes)
 }

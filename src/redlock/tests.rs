@@ -12,7 +12,6 @@ use tokio::time::Instant;
 use super::*;
 use crate::error::{BoxError, FencingError, LossReason};
 use crate::fence::FencingCounter;
-use crate::node::Node;
 use crate::node::Op;
 use crate::node::fake::{Fake, FakeNode};
 use crate::{Backoff, RedlockBuilder};
@@ -22,13 +21,7 @@ const TTL: Duration = Duration::from_secs(10);
 
 /// `n` healthy fake nodes and a `Redlock` over them built from `builder`.
 fn over(n: usize, builder: RedlockBuilder) -> (Vec<Arc<FakeNode>>, Redlock) {
-    let fakes: Vec<Arc<FakeNode>> = (0..n).map(|_| Arc::new(FakeNode::real())).collect();
-    let nodes = fakes
-        .iter()
-        .map(|f| Arc::clone(f) as Arc<dyn Node>)
-        .collect();
-    let redlock = builder.build_over(nodes).expect("valid config");
-    (fakes, redlock)
+    builder.build_over_fakes(n)
 }
 
 fn holders(fakes: &[Arc<FakeNode>], key: &str) -> usize {

@@ -3,23 +3,11 @@
 
 use super::*;
 use crate::node::Node;
-use crate::node::fake::{Fake, FakeNode};
+use crate::node::fake::{Fake, fakes};
 use crate::quorum::quorum;
 
 const TIMEOUT: Duration = Duration::from_millis(50);
 const MS: Duration = Duration::from_millis(1);
-
-fn fakes(behaviours: &[Fake]) -> (Vec<Arc<FakeNode>>, Vec<Arc<dyn Node>>) {
-    let fakes: Vec<Arc<FakeNode>> = behaviours
-        .iter()
-        .map(|b| Arc::new(FakeNode::new(*b)))
-        .collect();
-    let nodes = fakes
-        .iter()
-        .map(|f| Arc::clone(f) as Arc<dyn Node>)
-        .collect();
-    (fakes, nodes)
-}
 
 async fn acquire(nodes: &[Arc<dyn Node>], req: &Request) -> Result<(Duration, Settled), Failed> {
     acquire_round(nodes, req, TIMEOUT, 0.01, &TaskTracker::new()).await
