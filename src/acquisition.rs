@@ -2,11 +2,14 @@
 //! the fencing token, and nothing left locked whatever happens.
 
 use std::sync::Arc;
-use std::time::Instant;
+
+use futures::FutureExt;
+use std::time::{Duration, Instant};
 
 use crate::clock;
 use crate::error::{Error, FencingError};
 use crate::guard::DropGuard;
+use crate::hand_off::Watch;
 use crate::inner::{Held, Shared, Target};
 use crate::node::Op;
 use crate::quorum::{self, Failed, Settled};
@@ -21,6 +24,12 @@ pub(crate) struct Acquired {
 
 /// Attempts with the configured schedule and deadline until one succeeds, an error is final,
 /// the retries run out, or `acquire_timeout` would pass.
+///
+/// Waiters for the same keys in this process take turns (FIFO): only the head of the line
+/// polls the nodes. Each retry delay spent in line uses up one retry; when they run out,
+/// one last attempt is made out of turn, so that the error says what the nodes answered.
+/// Between attempts the head sleeps its retry delay, or less: until a release of its keys
+/// reached a majority of nodes, or a lock of this process released them.
 pub(crate) async fn acquire(shared: &Arc<Shared>, target: &Target) -> Result<Acquired, Error> {
     shared.check_open()?;
     let config = &shared.config;
@@ -28,7 +37,63 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, target: &Target) -> Result<Acq
     let deadline = config.acquire_timeout.and_then(|t| started.checked_add(t));
     let mut delays = config.backoff.delays();
     let mut attempts: u32 = 0;
+    let turn = {
+        let line = shared.hand_off.turn(&target.keys);
+        tokio::pin!(line);
+        // Nobody ahead (the usual case): no retry is used up.
+        let first = (&mut line).now_or_never();
+        if first.is_some() {
+            first
+        } else {
+            loop {
+                let delay = delays.next();
+                let wait = async {
+                    match delay {
+                        Some(delay) => sleep_before(delay, deadline).await,
+                        None => Wake::Budget,
+                    }
+                };
+                tokio::select! {
+                    biased;
+                    turn = &mut line => break Some(turn),
+                    wake = wait => match wake {
+                        Wake::Slept => continue,
+                        Wake::Budget => break None,
+                        Wake::Deadline => {
+                            return Err(Error::AcquireTimeout {
+                                waited: clock::since(started),
+                                attempts,
+                                last: None,
+                            });
+                        }
+                    },
+                }
+            }
+        }
+    };
+    let mut watch: Option<Watch> = None;
+    // A lock of this process holds the keys: wait for its release before polling.
+    if let Some(turn) = &turn
+        && turn.held_here()
+        && let Some(delay) = delays.next()
+    {
+        let watch = watch.insert(shared.hand_off.watch(turn));
+        tokio::select! {
+            wake = sleep_before(delay, deadline) => if wake == Wake::Deadline {
+                return Err(Error::AcquireTimeout {
+                    waited: clock::since(started),
+                    attempts,
+                    last: None,
+                });
+            },
+            () = watch.released() => {}
+        }
+        shared.check_open()?;
+    }
     loop {
+        if let Some(watch) = &watch {
+            watch.reset();
+        }
         attempts = attempts.saturating_add(1);
         trace::attempts(attempts);
         let failed = match attempt(shared, target).await {
@@ -38,7 +103,8 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, target: &Target) -> Result<Acq
             }
             Err(failed) => failed,
         };
-        let Some(delay) = delays.next() else {
+        // Out of turn (the line took the whole budget): that was the last attempt.
+        let (Some(turn), Some(delay)) = (&turn, delays.next()) else {
             return Err(failed.into_error(&target.resources, attempts));
         };
         // A delay too long for an Instant certainly ends past the deadline.
@@ -54,9 +120,37 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, target: &Target) -> Result<Acq
             });
         }
         tracing::trace!(?delay, attempts, "lock attempt failed; retrying");
-        tokio::time::sleep(delay).await;
+        let watch = watch.get_or_insert_with(|| shared.hand_off.watch(turn));
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = watch.released() => tracing::trace!("woken by a release"),
+        }
         shared.check_open()?;
     }
+}
+
+/// How a wait in line ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Wake {
+    /// The retry delay passed.
+    Slept,
+    /// No retry delay is left.
+    Budget,
+    /// The delay would end past `acquire_timeout`: at once, without sleeping.
+    Deadline,
+}
+
+/// Sleeps `delay`, unless it would end past the deadline.
+async fn sleep_before(delay: Duration, deadline: Option<Instant>) -> Wake {
+    if let Some(deadline) = deadline
+        && clock::now()
+            .checked_add(delay)
+            .is_none_or(|wake| wake >= deadline)
+    {
+        return Wake::Deadline;
+    }
+    tokio::time::sleep(delay).await;
+    Wake::Slept
 }
 
 /// One attempt: a fresh token, the quorum round, then the fencing token. Cancel-safe: dropped
@@ -68,6 +162,7 @@ pub(crate) async fn attempt(shared: &Arc<Shared>, target: &Target) -> Result<Acq
         target: target.clone(),
         token: new_token(),
         settled: Settled::none(),
+        hold: None,
     };
     let req = held.request(Op::Acquire, target.ttl);
     // Until this attempt has handed out a lock or cleaned up after itself, dropping it (the
@@ -107,6 +202,7 @@ pub(crate) async fn attempt(shared: &Arc<Shared>, target: &Target) -> Result<Acq
             return Err(Failed::Other(error.into()));
         }
     };
+    guard.hold = Some(Arc::new(shared.hand_off.hold(&target.keys)));
     guard.disarm();
     Ok(Acquired {
         held: (*guard).clone(),

@@ -12,6 +12,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::Config;
 use crate::error::{Error, InvalidInput};
 use crate::events::Event;
+use crate::hand_off::{HandOff, Hold};
 use crate::node::{Node, Op, Request};
 use crate::quorum::{self, Round, Settled, Until};
 
@@ -34,6 +35,8 @@ pub(crate) struct Shared {
     pub(crate) tasks: TaskTracker,
     /// Set by `Redlock::close`: no new acquisition starts.
     closed: AtomicBool,
+    /// Waiters' lines and release notifications.
+    pub(crate) hand_off: HandOff,
 }
 
 /// A validated lock request: resource names, their keys and the TTL.
@@ -52,12 +55,16 @@ pub(crate) struct Held {
     pub(crate) target: Target,
     pub(crate) token: Arc<str>,
     pub(crate) settled: Settled,
+    /// Marks the keys as held by this process once granted; dropped with the last copy of
+    /// the lock (after its release), which wakes the next waiter here.
+    pub(crate) hold: Option<Arc<Hold>>,
 }
 
 impl Shared {
     pub(crate) fn new(config: Config, nodes: Vec<Arc<dyn Node>>, tasks: TaskTracker) -> Self {
         Shared {
             config,
+            hand_off: HandOff::new(&nodes),
             nodes,
             tasks,
             closed: AtomicBool::new(false),

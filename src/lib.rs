@@ -74,6 +74,7 @@ mod error;
 mod events;
 pub mod fence;
 mod guard;
+mod hand_off;
 mod inner;
 mod inspect;
 mod lock;

@@ -70,6 +70,11 @@ impl LazyConnection {
         LazyConnection { tasks, ..self }
     }
 
+    /// The client this connection is made from (for a dedicated pub/sub connection).
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// The server's address, for messages.
     pub(crate) fn addr(&self) -> String {
         self.client.get_connection_info().addr().to_string()

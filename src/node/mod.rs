@@ -101,6 +101,13 @@ pub(crate) trait Node: Send + Sync {
     /// timeout.
     fn eviction_policy(&self) -> BoxFuture<'static, Result<String, NodeFailure>>;
 
+    /// A client for a dedicated pub/sub connection to this node, on which waiters hear of
+    /// releases (`redfence:released:<key>`). `None` (the default) for voters that cannot
+    /// subscribe: waiters for them poll.
+    fn pubsub_client(&self) -> Option<::redis::Client> {
+        None
+    }
+
     /// The node's address (host, port and database, never credentials), for error messages.
     fn addr(&self) -> &str;
 

@@ -116,6 +116,10 @@ impl Node for RedisNode {
         })
     }
 
+    fn pubsub_client(&self) -> Option<Client> {
+        Some(self.shared.client().clone())
+    }
+
     fn addr(&self) -> &str {
         &self.addr
     }

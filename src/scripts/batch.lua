@@ -4,6 +4,8 @@
 -- redsync still interoperate.
 -- ARGV = for each operation: kind ("a" acquire, "e" extend, "r" release), owner token,
 --        ttl in milliseconds, number of keys. KEYS = every operation's keys, in order.
+-- A release publishes on "redfence:released:<key>" for each key it deleted, so that waiters
+-- retry at once.
 -- Returns one reply per operation: acquire/extend the number of keys (0 = refused),
 -- release the number of keys deleted, or "E:" and the error of that operation alone
 -- (e.g. WRONGTYPE when a key holds a hash).
@@ -55,6 +57,7 @@ while i <= #ARGV do
     for j = first, last do
       if redis.pcall("GET", KEYS[j]) == token then
         redis.call("DEL", KEYS[j])
+        redis.call("PUBLISH", "redfence:released:" .. KEYS[j], "")
         deleted = deleted + 1
       end
     end

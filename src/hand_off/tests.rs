@@ -1,0 +1,131 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::node::fake::{Fake, fakes};
+
+fn hand_off() -> HandOff {
+    let (_, nodes) = fakes(&[Fake::Real, Fake::Real, Fake::Real]);
+    HandOff::new(&nodes)
+}
+
+fn keys(names: &[&str]) -> Vec<String> {
+    names.iter().map(|n| n.to_string()).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn turns_are_served_in_arrival_order() {
+    let hand_off = Arc::new(hand_off());
+    let first = hand_off.turn(&keys(&["a"])).await;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..5 {
+        let (hand_off, order) = (Arc::clone(&hand_off), Arc::clone(&order));
+        waiters.push(tokio::spawn(async move {
+            let _turn = hand_off.turn(&keys(&["a"])).await;
+            lock(&order).push(i);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }));
+        // Let each waiter queue up before the next one.
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    drop(first);
+    for waiter in waiters {
+        waiter.await.expect("waiter");
+    }
+    assert_eq!(*lock(&order), vec![0, 1, 2, 3, 4]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn multi_key_turns_do_not_deadlock_whatever_the_order_given() {
+    let hand_off = Arc::new(hand_off());
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let hand_off = Arc::clone(&hand_off);
+        let names = if i % 2 == 0 { ["a", "b"] } else { ["b", "a"] };
+        tasks.push(tokio::spawn(async move {
+            let _turn = hand_off.turn(&keys(&names)).await;
+            tokio::task::yield_now().await;
+        }));
+    }
+    let all = futures::future::join_all(tasks);
+    tokio::time::timeout(Duration::from_secs(5), all)
+        .await
+        .expect("every multi-key waiter got its turn");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_local_release_wakes_the_watcher_and_unused_keys_are_forgotten() {
+    let hand_off = hand_off();
+    let hold = hand_off.hold(&keys(&["a"]));
+    let turn = hand_off.turn(&keys(&["a"])).await;
+    assert!(turn.held_here());
+    let watch = hand_off.watch(&turn);
+    let woken = tokio::spawn({
+        let watcher = Arc::clone(&watch.watcher);
+        async move {
+            let watch = Watch {
+                watcher,
+                _keys: Users {
+                    state: Arc::new(State {
+                        keys: Mutex::default(),
+                        quorum: 2,
+                    }),
+                    keys: Vec::new(),
+                },
+            };
+            watch.released().await;
+        }
+    });
+    tokio::task::yield_now().await;
+    assert!(!woken.is_finished());
+    drop(hold);
+    tokio::time::timeout(Duration::from_secs(1), woken)
+        .await
+        .expect("the release woke the watcher")
+        .expect("watcher task");
+    assert!(!turn.held_here());
+    drop(watch);
+    drop(turn);
+    // Watched (subscribed) keys are forgotten by the sweeper after IDLE.
+    tokio::time::sleep(IDLE * 3).await;
+    assert!(lock(&hand_off.state.keys).is_empty());
+    // A key that was never watched is forgotten as soon as its last user leaves.
+    drop(hand_off.turn(&keys(&["b"])).await);
+    drop(hand_off.hold(&keys(&["c"])));
+    assert!(lock(&hand_off.state.keys).is_empty());
+}
+
+#[test]
+fn messages_wake_a_watcher_only_from_a_majority_of_nodes() {
+    let state = State {
+        keys: Mutex::default(),
+        quorum: 2,
+    };
+    let key = Arc::new(KeyState {
+        name: "a".into(),
+        subscribed: AtomicBool::new(true),
+        turn: Arc::default(),
+        holders: Mutex::new(0),
+        watchers: Mutex::default(),
+        last_used: Mutex::new(crate::clock::now()),
+    });
+    lock(&state.keys).insert("a".into(), Arc::clone(&key));
+    let watcher = Arc::new(Watcher {
+        seen: Mutex::new(0),
+        fired: AtomicBool::new(false),
+        notify: Notify::new(),
+    });
+    lock(&key.watchers).push(Arc::downgrade(&watcher));
+    state.released("a", Some(1));
+    state.released("a", Some(1));
+    assert!(
+        !watcher.fired.load(Ordering::SeqCst),
+        "one node twice is not a majority"
+    );
+    state.released("other", Some(0));
+    assert!(!watcher.fired.load(Ordering::SeqCst));
+    state.released("a", Some(2));
+    assert!(watcher.fired.load(Ordering::SeqCst));
+}
