@@ -12,6 +12,7 @@
 //! BENCH_OPS=20000 cargo run --release --example bench
 //! cargo run --release --all-features --example bench -- fencing   # the fencing scenario only
 //! cargo run --release --example bench -- load      # burst, idle, extension CPU, held locks
+//! cargo run --release --example bench -- hotspot   # 16 waiters on one resource, beside node-redlock
 //! ```
 //!
 //! Figures are printed, never asserted: speed is measured, not tested.
@@ -162,6 +163,11 @@ async fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(5_000)
         .max(100);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("hotspot-worker") {
+        hotspot::worker(&args[1..]).await;
+        return;
+    }
     let servers = Servers::start(5);
     let only = |name: &str| std::env::args().skip(1).any(|a| a == name);
     if only("fencing") {
@@ -177,6 +183,10 @@ async fn main() {
 
     // Warm up both: connections, loaded scripts, allocator.
     latency(&redlock, &floor, 500).await;
+    if only("hotspot") {
+        hotspot::scenario(&urls).await;
+        return;
+    }
     if only("load") {
         load::scenarios(&urls, &redlock, &floor, ops).await;
         return;
@@ -283,9 +293,11 @@ async fn main() {
     );
     println!("targets: p50 ratio <= 1.0x, throughput ratio >= 2x, slowed p50 <= 1.3x of healthy");
     load::scenarios(&urls, &redlock, &floor, ops).await;
+    hotspot::scenario(&urls).await;
     println!();
     fencing::scenario(&servers, ops).await;
 }
 
 mod fencing;
+mod hotspot;
 mod load;
