@@ -4,14 +4,14 @@
 use std::sync::Arc;
 
 use futures::FutureExt;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::clock;
 use crate::error::{Error, FencingError};
 use crate::guard::DropGuard;
 use crate::hand_off::Watch;
 use crate::inner::{Held, Shared, Target};
-use crate::node::Op;
+use crate::node::{Op, QueueTicket, Request};
 use crate::quorum::{self, Failed, Settled};
 use crate::trace;
 
@@ -37,6 +37,7 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, target: &Target) -> Result<Acq
     let deadline = config.acquire_timeout.and_then(|t| started.checked_add(t));
     let mut delays = config.backoff.delays();
     let mut attempts: u32 = 0;
+    let place = Place::take(shared, target);
     let turn = {
         let line = shared.hand_off.turn(&target.keys);
         tokio::pin!(line);
@@ -72,12 +73,14 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, target: &Target) -> Result<Acq
         }
     };
     let mut watch: Option<Watch> = None;
-    // A lock of this process holds the keys: wait for its release before polling.
+    // A lock of this process holds the keys: wait for its release before polling. (Not in
+    // fair mode: the first attempt takes this waiter's place in the nodes' queues.)
     if let Some(turn) = &turn
+        && !config.fair
         && turn.held_here()
         && let Some(delay) = delays.next()
     {
-        let watch = watch.insert(shared.hand_off.watch(turn));
+        let watch = watch.insert(shared.hand_off.watch(turn, place.waiter()));
         tokio::select! {
             wake = sleep_before(delay, deadline) => if wake == Wake::Deadline {
                 return Err(Error::AcquireTimeout {
@@ -96,8 +99,8 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, target: &Target) -> Result<Acq
         }
         attempts = attempts.saturating_add(1);
         trace::attempts(attempts);
-        let failed = match attempt(shared, target).await {
-            Ok(acquired) => return Ok(acquired),
+        let failed = match attempt(shared, target, place.ticket()).await {
+            Ok(acquired) => return Ok(place.granted(acquired)),
             Err(failed) if !failed.is_retryable() => {
                 return Err(failed.into_error(&target.resources, attempts));
             }
@@ -120,7 +123,7 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, target: &Target) -> Result<Acq
             });
         }
         tracing::trace!(?delay, attempts, "lock attempt failed; retrying");
-        let watch = watch.get_or_insert_with(|| shared.hand_off.watch(turn));
+        let watch = watch.get_or_insert_with(|| shared.hand_off.watch(turn, place.waiter()));
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
             () = watch.released() => tracing::trace!("woken by a release"),
@@ -153,9 +156,101 @@ async fn sleep_before(delay: Duration, deadline: Option<Instant>) -> Wake {
     Wake::Slept
 }
 
+/// One attempt and no retry (`try_acquire`); in fair mode, in turn.
+pub(crate) async fn try_once(shared: &Arc<Shared>, target: &Target) -> Result<Acquired, Error> {
+    shared.check_open()?;
+    trace::attempts(1);
+    let place = Place::take(shared, target);
+    attempt(shared, target, place.ticket())
+        .await
+        .map(|acquired| place.granted(acquired))
+        .map_err(|failed| failed.into_error(&target.resources, 1))
+}
+
+/// An acquisition's place in the fair queue of its keys on every node (fair mode): left on
+/// every node when dropped (the acquisition failed or was cancelled), or handed to the lock
+/// once granted, whose release leaves it.
+struct Place {
+    ticket: Option<Arc<QueueTicket>>,
+    shared: Arc<Shared>,
+    keys: Arc<[String]>,
+}
+
+impl Place {
+    fn take(shared: &Arc<Shared>, target: &Target) -> Place {
+        let config = &shared.config;
+        let ticket = config.fair.then(|| {
+            let lease = config
+                .backoff
+                .longest_delay()
+                .saturating_mul(3)
+                .saturating_add(config.node_timeout)
+                .max(Duration::from_secs(1));
+            let since_epoch = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default();
+            Arc::new(QueueTicket {
+                waiter: new_token(),
+                ticket: u64::try_from(since_epoch.as_micros()).unwrap_or(u64::MAX),
+                lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+            })
+        });
+        Place {
+            ticket,
+            shared: Arc::clone(shared),
+            keys: Arc::clone(&target.keys),
+        }
+    }
+
+    fn ticket(&self) -> Option<&Arc<QueueTicket>> {
+        self.ticket.as_ref()
+    }
+
+    /// The lock now holds the place (its release leaves the queues).
+    fn granted(mut self, acquired: Acquired) -> Acquired {
+        self.ticket = None;
+        acquired
+    }
+
+    fn waiter(&self) -> Option<Arc<str>> {
+        self.ticket.as_ref().map(|t| Arc::clone(&t.waiter))
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let Some(ticket) = self.ticket.take() else {
+            return;
+        };
+        if self.keys.is_empty() || tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let leave = Request {
+            op: Op::Leave,
+            keys: Arc::clone(&self.keys),
+            token: Arc::clone(&ticket.waiter),
+            ttl_ms: 0,
+            queue: Some(ticket),
+        };
+        let timeout = self.shared.config.node_timeout;
+        for node in &self.shared.nodes {
+            let call = node.call(&leave);
+            // A pipelined node bounds the call itself and runs it after this acquisition's
+            // last call; a leave that never lands ends with its lease.
+            self.shared.tasks.spawn(async move {
+                let _ = tokio::time::timeout(timeout, call).await;
+            });
+        }
+    }
+}
+
 /// One attempt: a fresh token, the quorum round, then the fencing token. Cancel-safe: dropped
 /// before it returns, it releases on every node in the background.
-pub(crate) async fn attempt(shared: &Arc<Shared>, target: &Target) -> Result<Acquired, Failed> {
+async fn attempt(
+    shared: &Arc<Shared>,
+    target: &Target,
+    ticket: Option<&Arc<QueueTicket>>,
+) -> Result<Acquired, Failed> {
     let config = &shared.config;
     let held = Held {
         shared: Arc::clone(shared),
@@ -163,8 +258,10 @@ pub(crate) async fn attempt(shared: &Arc<Shared>, target: &Target) -> Result<Acq
         token: new_token(),
         settled: Settled::none(),
         hold: None,
+        queue: None,
     };
-    let req = held.request(Op::Acquire, target.ttl);
+    let mut req = held.request(Op::Acquire, target.ttl);
+    req.queue = ticket.cloned();
     // Until this attempt has handed out a lock or cleaned up after itself, dropping it (the
     // caller gave up mid-way) releases on every node in the background.
     let mut guard = DropGuard::new(held, Held::release_in_background);
@@ -203,6 +300,7 @@ pub(crate) async fn attempt(shared: &Arc<Shared>, target: &Target) -> Result<Acq
         }
     };
     guard.hold = Some(Arc::new(shared.hand_off.hold(&target.keys)));
+    guard.queue = ticket.cloned();
     guard.disarm();
     Ok(Acquired {
         held: (*guard).clone(),

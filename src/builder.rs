@@ -173,6 +173,32 @@ impl RedlockBuilder {
         self
     }
 
+    /// Fair mode: waiters for a resource are served in the order they started waiting,
+    /// across processes. Defaults to `false`.
+    ///
+    /// Without it, waiters inside one `Redlock` already take turns in FIFO order and wake as
+    /// soon as a release reaches them; but between processes the fastest to ask after a
+    /// release wins. With it, each acquisition takes a place in a queue on every node (a
+    /// sorted set beside each key, by the time it started waiting), and a node grants only
+    /// the waiter at the head of every key's queue. A release tells the waiters which one is
+    /// next, so only that one retries at once. See the README's "Hot resources" for the
+    /// guarantees and the cost.
+    ///
+    /// - Safety is unchanged: a lock is still granted only by a majority, each node still
+    ///   sets a key only where no other owner holds it.
+    /// - Order is by each client's wall clock when it started waiting: clients whose clocks
+    ///   disagree by more than a hold time are served in their clocks' order, not the true one.
+    /// - A waiter that stops asking (a crashed process) keeps its place for its lease,
+    ///   `max(3 × the longest retry delay + node_timeout, 1 s)`, then is dropped.
+    /// - Clients without fair mode (or node-redlock) on the same resource do not queue: they
+    ///   take a free lock whoever waits.
+    /// - Needs single-server nodes: `build()` refuses it with Redis Cluster or Sentinel
+    ///   voters ([`ConfigError::FairQueueUnsupported`]).
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.config.fair = fair;
+        self
+    }
+
     /// A hook that receives background [`Event`]s: failed extension rounds (with each node's
     /// error), aborted signals, failed background releases. Defaults to none (events are still
     /// logged with `tracing`). Keep it quick: it runs on the extension task.
@@ -217,6 +243,12 @@ impl RedlockBuilder {
                 });
             }
             seen.push(identities);
+            if config.fair && !node.queues() {
+                return Err(ConfigError::FairQueueUnsupported {
+                    index,
+                    addr: node.addr().to_owned(),
+                });
+            }
             nodes.push(node);
         }
         Ok(Redlock::from_shared(Shared::new(config, nodes, tasks)))

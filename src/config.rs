@@ -32,6 +32,8 @@ pub(crate) struct Config {
     pub(crate) fencing_timeout: Duration,
     pub(crate) key_prefix: String,
     pub(crate) events: EventHook,
+    /// Fair mode: waiters line up on every node (see `RedlockBuilder::fair`).
+    pub(crate) fair: bool,
 }
 
 impl Default for Config {
@@ -48,6 +50,7 @@ impl Default for Config {
             fencing_timeout: DEFAULT_FENCING_TIMEOUT,
             key_prefix: String::new(),
             events: EventHook::none(),
+            fair: false,
         }
     }
 }
@@ -65,6 +68,7 @@ impl fmt::Debug for Config {
             .field("fencing", &self.fencing.as_ref().map(|_| "<counter>"))
             .field("fencing_timeout", &self.fencing_timeout)
             .field("key_prefix", &self.key_prefix)
+            .field("fair", &self.fair)
             .field("events", &self.events)
             .finish()
     }

@@ -13,7 +13,7 @@ use crate::config::Config;
 use crate::error::{Error, InvalidInput};
 use crate::events::Event;
 use crate::hand_off::{HandOff, Hold};
-use crate::node::{Node, Op, Request};
+use crate::node::{Node, Op, QueueTicket, Request};
 use crate::quorum::{self, Round, Settled, Until};
 
 /// The longest TTL redfence sends to Redis: about 146 million years, far inside what Redis
@@ -58,6 +58,9 @@ pub(crate) struct Held {
     /// Marks the keys as held by this process once granted; dropped with the last copy of
     /// the lock (after its release), which wakes the next waiter here.
     pub(crate) hold: Option<Arc<Hold>>,
+    /// Fair mode: the place this lock's acquisition took in the keys' queues, left on every
+    /// node by its release (the nodes that did not grant still hold it).
+    pub(crate) queue: Option<Arc<QueueTicket>>,
 }
 
 impl Shared {
@@ -166,6 +169,7 @@ impl Held {
             keys: Arc::clone(&self.target.keys),
             token: Arc::clone(&self.token),
             ttl_ms: millis(ttl),
+            queue: self.queue.clone(),
         }
     }
 

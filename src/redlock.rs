@@ -124,11 +124,7 @@ impl Redlock {
             if retry {
                 acquisition::acquire(shared, &target).await
             } else {
-                shared.check_open()?;
-                trace::attempts(1);
-                acquisition::attempt(shared, &target)
-                    .await
-                    .map_err(|failed| failed.into_error(&target.resources, 1))
+                acquisition::try_once(shared, &target).await
             }
         }
         .instrument(span.clone())

@@ -118,6 +118,14 @@ impl Backoff {
         }
     }
 
+    /// The longest delay this schedule can wait before a retry.
+    pub(crate) fn longest_delay(&self) -> Duration {
+        match self.schedule {
+            Schedule::Fixed { delay, jitter } => delay.saturating_add(jitter),
+            Schedule::Exponential { max, .. } => max,
+        }
+    }
+
     /// Why this schedule cannot work, if it cannot.
     pub(crate) fn check(&self) -> Result<(), String> {
         match self.schedule {

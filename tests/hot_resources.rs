@@ -238,3 +238,134 @@ async fn contending_holders_never_overlap() {
             .all(|&n| n == PER_TASK)
     );
 }
+
+fn fair(servers: &Servers, delay: Duration) -> Redlock {
+    servers
+        .builder()
+        .fair(true)
+        .backoff(Backoff::fixed(delay, Duration::ZERO).retries(200))
+        .build()
+        .expect("config")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_mode_serves_waiters_of_several_processes_in_arrival_order() {
+    let servers = Servers::start(3);
+    // Four managers, as four processes; they poll rarely, so order comes from the queue.
+    let managers: Vec<Redlock> = (0..4)
+        .map(|_| fair(&servers, Duration::from_millis(400)))
+        .collect();
+    for manager in &managers {
+        support::warm_up(manager).await;
+    }
+    let first = managers[0].acquire(&["fair"], TTL).await.expect("first");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..8 {
+        let (redlock, order) = (managers[(i + 1) % 4].clone(), Arc::clone(&order));
+        waiters.push(tokio::spawn(async move {
+            let lock = redlock
+                .acquire(&["fair"], TTL)
+                .await
+                .expect("every waiter gets the lock");
+            order.lock().expect("order").push(i);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            lock.release().await.expect("release");
+        }));
+        // Far longer than a waiter needs to take its place: waiter i is ahead of i + 1.
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    first.release().await.expect("release");
+    for waiter in waiters {
+        waiter.await.expect("waiter");
+    }
+    assert_eq!(*order.lock().expect("order"), (0..8).collect::<Vec<_>>());
+    // Every place was left: no queue is left on any node.
+    assert!(
+        eventually(|| (0..3).all(|n| servers.keys(n).is_empty())).await,
+        "keys left: {:?}",
+        (0..3).map(|n| servers.keys(n)).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_queue_never_grants_past_a_waiter_ahead_until_its_lease_ends() {
+    let servers = Servers::start(3);
+    let redlock = fair(&servers, Duration::from_millis(50));
+    support::warm_up(&redlock).await;
+    // A waiter that took its place and crashed: ahead of everyone, lease 1.5 s.
+    let lease_end: i64 = {
+        let (secs, micros): (String, String) = servers.cmd(0, &["TIME"]);
+        secs.parse::<i64>().expect("secs") * 1000 + micros.parse::<i64>().expect("µs") / 1000 + 1500
+    };
+    for n in 0..3 {
+        let _: i64 = servers.cmd(n, &["ZADD", "ghost:redfence:queue", "1", "crashed-waiter"]);
+        let _: i64 = servers.cmd(
+            n,
+            &[
+                "ZADD",
+                "ghost:redfence:alive",
+                &lease_end.to_string(),
+                "crashed-waiter",
+            ],
+        );
+    }
+    // The lock is free, but it is not this waiter's turn.
+    let refused = redlock.try_acquire(&["ghost"], TTL).await;
+    assert!(
+        matches!(refused, Err(redfence::Error::Contended { .. })),
+        "granted past a waiter ahead: {refused:?}"
+    );
+    assert!((0..3).all(|n| servers.get(n, "ghost").is_none()));
+    // Once the crashed waiter's lease has ended, it is dropped and the lock is granted.
+    let lock = redlock
+        .acquire(&["ghost"], TTL)
+        .await
+        .expect("granted after the lease");
+    let (secs, micros): (String, String) = servers.cmd(0, &["TIME"]);
+    let now = secs.parse::<i64>().expect("secs") * 1000 + micros.parse::<i64>().expect("µs") / 1000;
+    assert!(
+        now >= lease_end,
+        "granted {} ms before the lease ended",
+        lease_end - now
+    );
+    lock.release().await.expect("release");
+    assert!(eventually(|| (0..3).all(|n| servers.keys(n).is_empty())).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_holders_across_processes_never_overlap_and_all_get_their_share() {
+    const PER_TASK: usize = 10;
+    let servers = Servers::start(3);
+    let managers: Vec<Redlock> = (0..2)
+        .map(|_| fair(&servers, Duration::from_millis(200)))
+        .collect();
+    for manager in &managers {
+        support::warm_up(manager).await;
+    }
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let tasks = (0..8).map(|task| {
+        let redlock = managers[task % 2].clone();
+        let (inside, overlaps) = (Arc::clone(&inside), Arc::clone(&overlaps));
+        tokio::spawn(async move {
+            for _ in 0..PER_TASK {
+                let lock = redlock
+                    .acquire(&["fair-exclusive"], TTL)
+                    .await
+                    .expect("acquire");
+                if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                lock.release().await.expect("release");
+            }
+        })
+    });
+    for task in join_all(tasks).await {
+        task.expect("every task got the lock PER_TASK times");
+    }
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders overlapped");
+    assert!(eventually(|| (0..3).all(|n| servers.keys(n).is_empty())).await);
+}

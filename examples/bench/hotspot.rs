@@ -44,9 +44,16 @@ fn unix_micros() -> u128 {
 
 /// `waiters` tasks over one `Redlock`, each acquiring, holding `HOLD` and releasing until
 /// `until` (Unix µs).
-async fn waiters(urls: &[String], resource: &str, waiters: usize, until: u128) -> Report {
+async fn waiters(
+    urls: &[String],
+    resource: &str,
+    waiters: usize,
+    until: u128,
+    fair: bool,
+) -> Report {
     let redlock = Redlock::builder()
         .nodes(urls.to_vec())
+        .fair(fair)
         // node-redlock's hotspot run retries up to 1000 times with its default delay.
         .backoff(redfence::Backoff::DEFAULT.retries(1000))
         .build()
@@ -89,11 +96,11 @@ async fn waiters(urls: &[String], resource: &str, waiters: usize, until: u128) -
     all
 }
 
-/// `bench hotspot-worker <urls,> <resource> <waiters> <until µs>`: one of the processes,
-/// printing its report as one JSON line.
+/// `bench hotspot-worker <urls,> <resource> <waiters> <until µs> <fair|plain>`: one of the
+/// processes, printing its report as one JSON line.
 pub async fn worker(args: &[String]) {
-    let [urls, resource, count, until] = args else {
-        panic!("usage: bench hotspot-worker <urls,> <resource> <waiters> <until>");
+    let [urls, resource, count, until, mode] = args else {
+        panic!("usage: bench hotspot-worker <urls,> <resource> <waiters> <until> <fair|plain>");
     };
     let urls: Vec<String> = urls.split(',').map(str::to_owned).collect();
     let report = waiters(
@@ -101,6 +108,7 @@ pub async fn worker(args: &[String]) {
         resource,
         count.parse().expect("waiters"),
         until.parse().expect("until"),
+        mode == "fair",
     )
     .await;
     let line = serde_json::json!({
@@ -229,12 +237,12 @@ async fn in_one_process(urls: &[String]) -> Figures {
     let before = commands(urls);
     let started = Instant::now();
     let until = unix_micros() + u128::from(secs) * 1_000_000;
-    let report = waiters(urls, "hot:one", WAITERS, until).await;
+    let report = waiters(urls, "hot:one", WAITERS, until, false).await;
     let elapsed = started.elapsed().as_secs_f64();
     figures(report, elapsed, commands(urls) - before)
 }
 
-async fn over_processes(urls: &[String]) -> Figures {
+async fn over_processes(urls: &[String], fair: bool) -> Figures {
     let secs = seconds();
     let exe = std::env::current_exe().expect("the bench's own path");
     let before = commands(urls);
@@ -246,9 +254,10 @@ async fn over_processes(urls: &[String]) -> Figures {
                 .args([
                     "hotspot-worker",
                     &urls.join(","),
-                    "hot:spread",
+                    if fair { "hot:fair" } else { "hot:spread" },
                     &(WAITERS / PROCESSES).to_string(),
                     &until.to_string(),
+                    if fair { "fair" } else { "plain" },
                 ])
                 .stdout(Stdio::piped())
                 .spawn()
@@ -330,83 +339,72 @@ pub async fn scenario(urls: &[String]) {
     );
     let baseline = uncontended_commands(urls).await;
     let one = in_one_process(urls).await;
-    let spread = over_processes(urls).await;
+    let spread = over_processes(urls, false).await;
+    let fair = over_processes(urls, true).await;
     let peer = node_redlock(urls);
     let peer_f = |k: &str| peer.as_ref().and_then(|p| p[k].as_f64());
     let show = |v: Option<f64>, unit: &str| v.map_or("—".to_owned(), |v| format!("{v:.1}{unit}"));
     println!(
-        "{:<34} {:>14} {:>14} {:>14}",
-        "measure", "1 process", "4 processes", "node-redlock"
+        "{:<36} {:>12} {:>12} {:>12} {:>13}",
+        "measure", "1 process", "4 processes", "4 proc. fair", "node-redlock"
     );
-    let row = |name: &str, a: f64, b: f64, peer: Option<f64>, unit: &str| {
+    let row = |name: &str, [a, b, c]: [f64; 3], peer: Option<f64>, unit: &str| {
         println!(
-            "{name:<34} {:>14} {:>14} {:>14}",
+            "{name:<36} {:>12} {:>12} {:>12} {:>13}",
             format!("{a:.1}{unit}"),
             format!("{b:.1}{unit}"),
+            format!("{c:.1}{unit}"),
             show(peer, unit)
         );
     };
+    let all = |f: fn(&Figures) -> f64| [f(&one), f(&spread), f(&fair)];
     row(
         "hand-offs/s",
-        one.handoffs_per_s,
-        spread.handoffs_per_s,
+        all(|f| f.handoffs_per_s),
         peer_f("handoffs_per_s"),
         "",
     );
     row(
         "wait p50",
-        one.wait_p50,
-        spread.wait_p50,
+        all(|f| f.wait_p50),
         peer_f("wait_p50_ms"),
         " ms",
     );
     row(
         "wait p99",
-        one.wait_p99,
-        spread.wait_p99,
+        all(|f| f.wait_p99),
         peer_f("wait_p99_ms"),
         " ms",
     );
     row(
         "ideal FIFO wait (15 x (hold+gap))",
-        one.ideal,
-        spread.ideal,
+        all(|f| f.ideal),
         None,
         " ms",
     );
-    row(
-        "wait p99 / ideal",
-        one.wait_p99 / one.ideal,
-        spread.wait_p99 / spread.ideal,
-        None,
-        "x",
-    );
+    row("wait p99 / ideal", all(|f| f.wait_p99 / f.ideal), None, "x");
     let peer_mean = peer_f("handoffs_per_s").map(|h| h * seconds() as f64 / WAITERS as f64);
     row(
         "min share / mean",
-        one.min_share,
-        spread.min_share,
+        all(|f| f.min_share),
         peer_f("min_share").zip(peer_mean).map(|(m, mean)| m / mean),
         "x",
     );
     row(
         "max share / mean",
-        one.max_share,
-        spread.max_share,
+        all(|f| f.max_share),
         peer_f("max_share").zip(peer_mean).map(|(m, mean)| m / mean),
         "x",
     );
     row(
         "median idle gap between holders",
-        one.gap_p50,
-        spread.gap_p50,
+        all(|f| f.gap_p50),
         None,
         " ms",
     );
     row(
         "commands per hand-off / uncontended",
-        one.commands_per_handoff / baseline,
-        spread.commands_per_handoff / baseline,
+        all(|f| f.commands_per_handoff).map(|c| c / baseline),
         None,
         "x",
     );

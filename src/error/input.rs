@@ -45,6 +45,17 @@ pub enum ConfigError {
         /// The address they share.
         addr: String,
     },
+    /// Fair mode was asked for over a voter that cannot run the fair queue (a Redis Cluster
+    /// or a Sentinel-managed master).
+    #[error(
+        "node #{index} ({addr}) cannot run the fair queue: fair mode needs single-server nodes (not Redis Cluster or Sentinel voters)"
+    )]
+    FairQueueUnsupported {
+        /// The node's position in the order given.
+        index: usize,
+        /// The node's address, without credentials.
+        addr: String,
+    },
     /// The drift factor is NaN, infinite, negative or not below 1.
     #[error("drift factor {0} must be a finite number in [0, 1)")]
     BadDriftFactor(f64),

@@ -65,6 +65,10 @@ struct KeyState {
 
 /// One head of a line, waiting for its keys' release.
 struct Watcher {
+    /// Fair mode: this waiter's id. A release message names the waiter now at the head of
+    /// the node's queue; only messages that name this one (or nobody) count, and a local
+    /// release (which names nobody) does not wake it.
+    waiter: Option<Arc<str>>,
     /// Nodes (bit per index) whose release message arrived since the last reset.
     seen: Mutex<u64>,
     /// Woken since the last reset.
@@ -138,8 +142,9 @@ impl HandOff {
     }
 
     /// Watches the keys for releases, subscribing on every node that can.
-    pub(crate) fn watch(&self, turn: &Turn) -> Watch {
+    pub(crate) fn watch(&self, turn: &Turn, waiter: Option<Arc<str>>) -> Watch {
         let watcher = Arc::new(Watcher {
+            waiter,
             seen: Mutex::new(0),
             fired: AtomicBool::new(false),
             notify: Notify::new(),
@@ -233,25 +238,31 @@ impl HandOff {
 }
 
 impl State {
-    /// A release of `key` on node `index` (a message), or by this process (`None`).
-    fn released(&self, key: &str, node: Option<usize>) {
+    /// A release of `key` on node `index` whose message named `next` as the head of the
+    /// node's queue ("" for none).
+    fn released(&self, key: &str, node: usize, next: &str) {
         let Some(state) = lock(&self.keys).get(key).cloned() else {
             return;
         };
-        state.wake(node, self.quorum);
+        state.wake(Some((node, next)), self.quorum);
     }
 }
 
 impl KeyState {
-    fn wake(&self, node: Option<usize>, quorum: usize) {
+    /// Wakes the watchers for a release on a node (`Some((index, next))`, counted towards a
+    /// majority), or by this process (`None`).
+    fn wake(&self, node: Option<(usize, &str)>, quorum: usize) {
         let watchers: Vec<Arc<Watcher>> = lock(&self.watchers)
             .iter()
             .filter_map(Weak::upgrade)
             .collect();
         for watcher in watchers {
             let fire = match node {
-                None => true,
-                Some(index) => {
+                None => watcher.waiter.is_none(),
+                Some((_, next)) if !next.is_empty() && watcher.waiter.as_deref() != Some(next) => {
+                    false
+                }
+                Some((index, _)) => {
                     let mut seen = lock(&watcher.seen);
                     *seen |= 1u64.checked_shl(index as u32).unwrap_or(0);
                     seen.count_ones() as usize >= quorum

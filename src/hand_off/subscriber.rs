@@ -84,7 +84,8 @@ pub(super) async fn run(
                     };
                     let Some(state) = state.upgrade() else { return };
                     if let Some(key) = message.get_channel_name().strip_prefix(CHANNEL_PREFIX) {
-                        state.released(key, Some(node));
+                        let next: String = message.get_payload().unwrap_or_default();
+                        state.released(key, node, &next);
                     }
                 }
             }

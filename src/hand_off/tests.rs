@@ -61,7 +61,7 @@ async fn a_local_release_wakes_the_watcher_and_unused_keys_are_forgotten() {
     let hold = hand_off.hold(&keys(&["a"]));
     let turn = hand_off.turn(&keys(&["a"])).await;
     assert!(turn.held_here());
-    let watch = hand_off.watch(&turn);
+    let watch = hand_off.watch(&turn, None);
     let woken = tokio::spawn({
         let watcher = Arc::clone(&watch.watcher);
         async move {
@@ -113,19 +113,63 @@ fn messages_wake_a_watcher_only_from_a_majority_of_nodes() {
     });
     lock(&state.keys).insert("a".into(), Arc::clone(&key));
     let watcher = Arc::new(Watcher {
+        waiter: None,
         seen: Mutex::new(0),
         fired: AtomicBool::new(false),
         notify: Notify::new(),
     });
     lock(&key.watchers).push(Arc::downgrade(&watcher));
-    state.released("a", Some(1));
-    state.released("a", Some(1));
+    state.released("a", 1, "");
+    state.released("a", 1, "");
     assert!(
         !watcher.fired.load(Ordering::SeqCst),
         "one node twice is not a majority"
     );
-    state.released("other", Some(0));
+    state.released("other", 0, "");
     assert!(!watcher.fired.load(Ordering::SeqCst));
-    state.released("a", Some(2));
+    state.released("a", 2, "");
     assert!(watcher.fired.load(Ordering::SeqCst));
+}
+
+#[test]
+fn a_fair_waiter_counts_only_messages_that_name_it_or_nobody() {
+    let state = State {
+        keys: Mutex::default(),
+        quorum: 2,
+    };
+    let key = Arc::new(KeyState {
+        name: "a".into(),
+        subscribed: AtomicBool::new(true),
+        turn: Arc::default(),
+        holders: Mutex::new(0),
+        watchers: Mutex::default(),
+        last_used: Mutex::new(crate::clock::now()),
+    });
+    lock(&state.keys).insert("a".into(), Arc::clone(&key));
+    let watcher = Arc::new(Watcher {
+        waiter: Some(Arc::from("me")),
+        seen: Mutex::new(0),
+        fired: AtomicBool::new(false),
+        notify: Notify::new(),
+    });
+    lock(&key.watchers).push(Arc::downgrade(&watcher));
+    key.wake(None, 2);
+    assert!(
+        !watcher.fired.load(Ordering::SeqCst),
+        "a local release names nobody's turn"
+    );
+    state.released("a", 0, "someone-else");
+    state.released("a", 1, "someone-else");
+    state.released("a", 2, "someone-else");
+    assert!(
+        !watcher.fired.load(Ordering::SeqCst),
+        "another waiter's turn"
+    );
+    state.released("a", 0, "me");
+    assert!(!watcher.fired.load(Ordering::SeqCst));
+    state.released("a", 1, "");
+    assert!(
+        watcher.fired.load(Ordering::SeqCst),
+        "its turn on a majority"
+    );
 }

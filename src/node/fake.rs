@@ -149,6 +149,7 @@ impl Inner {
                 }
                 req.keys.len() as i64
             }
+            Op::Leave => 0,
             Op::Release => {
                 let mine: Vec<String> = req
                     .keys

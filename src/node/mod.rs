@@ -36,6 +36,20 @@ pub(crate) enum Op {
     Extend,
     /// Delete every key that still holds the token.
     Release,
+    /// Leave the fair queue of every key (fair mode: the request's [`QueueTicket`]).
+    Leave,
+}
+
+/// A waiter's place in the fair queue of each key (fair mode), sent with its acquire
+/// attempts: nodes grant only the waiter at the head of every key's queue.
+#[derive(Clone, Debug)]
+pub(crate) struct QueueTicket {
+    /// The waiter's id, the same for all its attempts (its attempts' tokens differ).
+    pub(crate) waiter: Arc<str>,
+    /// Its place: microseconds since the Unix epoch when it started waiting (ties go by id).
+    pub(crate) ticket: u64,
+    /// How long the node keeps the waiter in line without hearing from it, in ms.
+    pub(crate) lease_ms: u64,
 }
 
 /// One request, sent unchanged to every node.
@@ -46,6 +60,8 @@ pub(crate) struct Request {
     pub(crate) token: Arc<str>,
     /// The TTL in milliseconds (unused by `Release`).
     pub(crate) ttl_ms: u64,
+    /// Fair mode: the waiter's place in line (`Acquire`, `Leave`).
+    pub(crate) queue: Option<Arc<QueueTicket>>,
 }
 
 /// A write that a node makes only while a lock key still holds our token.
@@ -106,6 +122,12 @@ pub(crate) trait Node: Send + Sync {
     /// subscribe: waiters for them poll.
     fn pubsub_client(&self) -> Option<::redis::Client> {
         None
+    }
+
+    /// Whether this node runs the fair queue (fair mode): the batch script of a single
+    /// server does; cluster and Sentinel voters do not.
+    fn queues(&self) -> bool {
+        false
     }
 
     /// The node's address (host, port and database, never credentials), for error messages.

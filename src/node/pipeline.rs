@@ -199,16 +199,26 @@ impl Batch {
         }
         let mut invocation = BATCH.prepare_invoke();
         for (req, _) in &self.runs {
-            let kind = match req.op {
-                Op::Acquire => "a",
-                Op::Extend => "e",
-                Op::Release => "r",
+            let kind = match (req.op, &req.queue) {
+                (Op::Acquire, None) => "a",
+                (Op::Acquire, Some(_)) => "f",
+                (Op::Extend, _) => "e",
+                (Op::Release, None) => "r",
+                (Op::Release, Some(_)) => "R",
+                (Op::Leave, _) => "l",
             };
             invocation
                 .arg(kind)
                 .arg(&*req.token)
                 .arg(req.ttl_ms)
                 .arg(req.keys.len());
+            if matches!(kind, "f" | "l" | "R") {
+                let (waiter, ticket, lease) = req
+                    .queue
+                    .as_deref()
+                    .map_or(("", 0, 0), |q| (&*q.waiter, q.ticket, q.lease_ms));
+                invocation.arg(waiter).arg(ticket).arg(lease);
+            }
             invocation.key(&*req.keys);
         }
         let call = async {

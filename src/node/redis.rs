@@ -116,6 +116,10 @@ impl Node for RedisNode {
         })
     }
 
+    fn queues(&self) -> bool {
+        true
+    }
+
     fn pubsub_client(&self) -> Option<Client> {
         Some(self.shared.client().clone())
     }

@@ -35,6 +35,8 @@ pub(crate) async fn run<C: ConnectionLike + Send>(
         Op::Acquire => &ACQUIRE,
         Op::Extend => &EXTEND,
         Op::Release => &RELEASE,
+        // These voters have no fair queue (`build()` refuses fair mode over them).
+        Op::Leave => return Ok(0),
     };
     let mut invocation = script.prepare_invoke();
     invocation.key(&*req.keys).arg(&*req.token);

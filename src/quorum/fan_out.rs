@@ -207,8 +207,11 @@ pub(crate) async fn release_everywhere(
     node_timeout: Duration,
     after: &Settled,
 ) -> Tally {
+    // A failed attempt keeps its place in any fair queue: only a lock's own release
+    // leaves it.
     let release = Request {
         op: Op::Release,
+        queue: None,
         ..req.clone()
     };
     fan_out(nodes, &release, node_timeout, Until::All, after)

@@ -2,42 +2,109 @@
 -- independent of the others, run in order. Keys and values are those of acquire.lua,
 -- extend.lua and release.lua (key = resource, value = owner token), so node-redlock and
 -- redsync still interoperate.
--- ARGV = for each operation: kind ("a" acquire, "e" extend, "r" release), owner token,
---        ttl in milliseconds, number of keys. KEYS = every operation's keys, in order.
+-- ARGV = for each operation: kind, owner token, ttl in milliseconds, number of keys, and
+--        for "f", "l" and "R" also the waiter id, its ticket and its lease in milliseconds.
+--        Kinds: "a" acquire, "e" extend, "r" release, "f" acquire in turn (fair mode),
+--        "l" leave the fair queue, "R" release and leave the fair queue (a fair lock's
+--        release). KEYS = every operation's keys, in order.
+-- Fair queue of a key K: the sorted set K..":redfence:queue" (waiter by ticket) and
+-- K..":redfence:alive" (waiter by the server time, in ms, its lease ends); a waiter that
+-- has not been heard from for its lease is dropped. "f" grants only the waiter at the head
+-- of every key's queue, then takes it out of line.
 -- A release publishes on "redfence:released:<key>" for each key it deleted, so that waiters
--- retry at once.
+-- retry at once; the message is the waiter now at the head of the key's queue ("" if none).
 -- Returns one reply per operation: acquire/extend the number of keys (0 = refused),
--- release the number of keys deleted, or "E:" and the error of that operation alone
+-- release the number of keys deleted, leave 0, or "E:" and the error of that operation alone
 -- (e.g. WRONGTYPE when a key holds a hash).
+local QUEUE, ALIVE = ":redfence:queue", ":redfence:alive"
+
+local function now_ms()
+  local t = redis.call("TIME")
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The waiter at the head of key's queue, after dropping those whose lease ended.
+local function head(key, now)
+  local queue, alive = key .. QUEUE, key .. ALIVE
+  local dead = redis.call("ZRANGEBYSCORE", alive, "-inf", now)
+  if #dead > 0 then
+    redis.call("ZREM", queue, unpack(dead))
+    redis.call("ZREMRANGEBYSCORE", alive, "-inf", now)
+  end
+  return redis.call("ZRANGE", queue, 0, 0)[1]
+end
+
+local function leave(key, waiter)
+  redis.call("ZREM", key .. QUEUE, waiter)
+  redis.call("ZREM", key .. ALIVE, waiter)
+end
+
+local function acquire(first, last, token, ttl, count)
+  for j = first, last do
+    local value = redis.pcall("GET", KEYS[j])
+    if type(value) == "table" and value.err then
+      return "E:" .. value.err
+    end
+    if value and value ~= token then
+      return 0
+    end
+  end
+  for j = first, last do
+    redis.call("SET", KEYS[j], token, "PX", ttl)
+  end
+  return count
+end
+
 local out = {}
 local k = 1
 local i = 1
 local n = 0
+local now = nil
 while i <= #ARGV do
   local kind, token, ttl, count = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
-  i = i + 4
+  local waiter, ticket, lease = nil, nil, nil
+  if kind == "f" or kind == "l" or kind == "R" then
+    waiter, ticket, lease = ARGV[i + 4], ARGV[i + 5], tonumber(ARGV[i + 6])
+    i = i + 7
+  else
+    i = i + 4
+  end
   n = n + 1
   local first, last = k, k + count - 1
   k = k + count
   if kind == "a" then
-    local reply = count
+    out[n] = acquire(first, last, token, ttl, count)
+  elseif kind == "f" then
+    now = now or now_ms()
+    local ours = true
     for j = first, last do
-      local value = redis.pcall("GET", KEYS[j])
-      if type(value) == "table" and value.err then
-        reply = "E:" .. value.err
-        break
+      local queue, alive = KEYS[j] .. QUEUE, KEYS[j] .. ALIVE
+      redis.call("ZADD", queue, "NX", ticket, waiter)
+      redis.call("ZADD", alive, now + lease, waiter)
+      -- The line outlives its longest lease, and no more.
+      if redis.call("PTTL", queue) < lease then
+        redis.call("PEXPIRE", queue, lease)
+        redis.call("PEXPIRE", alive, lease)
       end
-      if value and value ~= token then
-        reply = 0
-        break
-      end
-    end
-    if reply == count then
-      for j = first, last do
-        redis.call("SET", KEYS[j], token, "PX", ttl)
+      if head(KEYS[j], now) ~= waiter then
+        ours = false
       end
     end
-    out[n] = reply
+    if ours then
+      out[n] = acquire(first, last, token, ttl, count)
+      if out[n] == count then
+        for j = first, last do
+          leave(KEYS[j], waiter)
+        end
+      end
+    else
+      out[n] = 0
+    end
+  elseif kind == "l" then
+    for j = first, last do
+      leave(KEYS[j], waiter)
+    end
+    out[n] = 0
   elseif kind == "e" then
     local reply = count
     for j = first, last do
@@ -55,9 +122,17 @@ while i <= #ARGV do
   else
     local deleted = 0
     for j = first, last do
+      if kind == "R" then
+        leave(KEYS[j], waiter)
+      end
       if redis.pcall("GET", KEYS[j]) == token then
         redis.call("DEL", KEYS[j])
-        redis.call("PUBLISH", "redfence:released:" .. KEYS[j], "")
+        local next = ""
+        if redis.call("EXISTS", KEYS[j] .. QUEUE) == 1 then
+          now = now or now_ms()
+          next = head(KEYS[j], now) or ""
+        end
+        redis.call("PUBLISH", "redfence:released:" .. KEYS[j], next)
         deleted = deleted + 1
       end
     end

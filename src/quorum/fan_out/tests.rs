@@ -19,6 +19,7 @@ fn request() -> Request {
         keys: Arc::from(vec!["k".to_string()]),
         token: Arc::from("t"),
         ttl_ms: 10_000,
+        queue: None,
     }
 }
 
