@@ -13,8 +13,16 @@ use support::Servers;
 const TTL: Duration = Duration::from_secs(10);
 
 /// The README's rules for a user that can lock under the `locks:` prefix, and nothing else.
-const LOCKER_RULES: &str = "on >locker-secret resetkeys ~locks:* resetchannels -@all \
-                            +evalsha +script|load +get +set +pexpire +del";
+const LOCKER_RULES: &str = "on >locker-secret resetkeys ~locks:* resetchannels \
+                            &redfence:released:locks:* -@all +evalsha +script|load +get +set \
+                            +pexpire +del +exists +publish +subscribe +unsubscribe";
+
+/// The README's additions for fair mode.
+const FAIR_RULES: &str = "+zadd +zrem +zrange +zrangebyscore +zremrangebyscore +pttl +time";
+
+/// The minimal rules of earlier versions, without release notifications.
+const OLD_LOCKER_RULES: &str = "on >locker-secret resetkeys ~locks:* resetchannels -@all \
+                                +evalsha +script|load +get +set +pexpire +del";
 
 /// `ACL SETUSER name rules...` on server `i`.
 fn set_user(servers: &Servers, i: usize, name: &str, rules: &str) {
@@ -207,4 +215,71 @@ async fn requirepass_set_after_the_first_connection_attempt_is_picked_up() {
         .expect("the node reconnects once the password is set");
     assert_eq!(lock.resources(), ["job"]);
     lock.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn without_the_notification_permissions_locks_still_release_and_waiters_poll() {
+    let servers = Servers::start(3);
+    for i in 0..3 {
+        set_user(&servers, i, "locker", OLD_LOCKER_RULES);
+    }
+    let redlock = builder(urls_as(&servers, "locker", "locker-secret"))
+        .key_prefix("locks:")
+        .build()
+        .expect("config");
+    let lock = redlock.acquire(&["invoice:2"], TTL).await.expect("acquire");
+    // A waiter in another manager: its subscription is refused, so it polls.
+    let other = builder(urls_as(&servers, "locker", "locker-secret"))
+        .key_prefix("locks:")
+        .retry_count(500)
+        .build()
+        .expect("config");
+    let waiting = tokio::spawn(async move { other.acquire(&["invoice:2"], TTL).await });
+    lock.release()
+        .await
+        .expect("the release does not need PUBLISH");
+    let lock = waiting
+        .await
+        .expect("waiter task")
+        .expect("the waiter polled its way to the lock");
+    lock.release().await.expect("release");
+    assert!(
+        support::eventually(|| (0..3).all(|i| servers.get(i, "locks:invoice:2").is_none())).await
+    );
+}
+
+#[tokio::test]
+async fn fair_mode_works_with_the_readme_rules() {
+    let servers = Servers::start(3);
+    for i in 0..3 {
+        set_user(
+            &servers,
+            i,
+            "locker",
+            &format!("{LOCKER_RULES} {FAIR_RULES}"),
+        );
+    }
+    let redlock = builder(urls_as(&servers, "locker", "locker-secret"))
+        .key_prefix("locks:")
+        .fair(true)
+        .build()
+        .expect("config");
+    let lock = redlock.acquire(&["invoice:3"], TTL).await.expect("acquire");
+    let waiting = tokio::spawn({
+        let redlock = redlock.clone();
+        async move { redlock.acquire(&["invoice:3"], TTL).await }
+    });
+    // The waiter took its place on every node.
+    assert!(
+        support::eventually(|| (0..3)
+            .all(|i| { servers.cmd::<i64>(i, &["ZCARD", "locks:invoice:3:redfence:queue"]) == 1 }))
+        .await
+    );
+    lock.release().await.expect("release");
+    let lock = waiting
+        .await
+        .expect("waiter task")
+        .expect("acquired in turn");
+    lock.release().await.expect("release");
+    assert!(support::eventually(|| (0..3).all(|i| servers.keys(i).is_empty())).await);
 }

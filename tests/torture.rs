@@ -6,7 +6,9 @@
 //! the recorded history.
 //!
 //! Every worker runs on its own OS thread with its own single-threaded runtime, so a frozen
-//! worker is frozen whole — its extension task included — like a process in a GC pause.
+//! worker is frozen whole — its extension task included — like a process in a GC pause. Half the
+//! workers run in fair mode (they queue on the nodes), half do not: both contend for the same
+//! resources.
 //!
 //! The local run uses five Valkey servers under libfaketime where both are available
 //! (`tests/support/faketime.rs`), so that any node can get a clock fault; elsewhere it runs on
@@ -152,7 +154,9 @@ struct Shared {
     stop: AtomicBool,
 }
 
-fn worker(urls: Vec<String>, counter: Arc<dyn FencingCounter>, shared: Arc<Shared>) {
+/// One worker thread with its own `Redlock`; `fair` workers queue on the nodes (fair mode),
+/// the others do not, so both kinds contend for the same resources.
+fn worker(urls: Vec<String>, counter: Arc<dyn FencingCounter>, shared: Arc<Shared>, fair: bool) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -166,6 +170,7 @@ fn worker(urls: Vec<String>, counter: Arc<dyn FencingCounter>, shared: Arc<Share
             .retry_delay(Duration::from_millis(20))
             .retry_jitter(Duration::from_millis(20))
             .acquire_timeout(Duration::from_secs(2))
+            .fair(fair)
             .build()
             .expect("config");
         let mut rng = rand::rng();
@@ -471,10 +476,10 @@ async fn torture(cluster: &mut dyn Cluster, clocks: Option<&Clocks>, name: &str)
     });
     let counter: Arc<dyn FencingCounter> = Arc::new(MemoryCounter::new());
     let workers: Vec<_> = (0..WORKERS)
-        .map(|_| {
+        .map(|i| {
             let (urls, counter, shared) =
                 (cluster.urls(), Arc::clone(&counter), Arc::clone(&shared));
-            std::thread::spawn(move || worker(urls, counter, shared))
+            std::thread::spawn(move || worker(urls, counter, shared, i % 2 == 0))
         })
         .collect();
     let faults = FaultLog::default();

@@ -127,12 +127,14 @@ while i <= #ARGV do
       end
       if redis.pcall("GET", KEYS[j]) == token then
         redis.call("DEL", KEYS[j])
+        -- Notifying is best effort: a user without the permissions for it (an older ACL
+        -- line) still releases, and its waiters poll.
         local next = ""
-        if redis.call("EXISTS", KEYS[j] .. QUEUE) == 1 then
+        if kind == "R" or redis.pcall("EXISTS", KEYS[j] .. QUEUE) == 1 then
           now = now or now_ms()
           next = head(KEYS[j], now) or ""
         end
-        redis.call("PUBLISH", "redfence:released:" .. KEYS[j], next)
+        redis.pcall("PUBLISH", "redfence:released:" .. KEYS[j], next)
         deleted = deleted + 1
       end
     end
