@@ -73,22 +73,19 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, target: &Target) -> Result<Acq
         }
     };
     let mut watch: Option<Watch> = None;
-    // A lock of this process holds the keys: wait for its release before polling. (Not in
-    // fair mode: the first attempt takes this waiter's place in the nodes' queues.)
+    // A lock of this process holds the keys: wait for its release (at most one retry delay,
+    // not counted as a retry) before polling. Not without retries (the caller wants one
+    // answer at once), and not in fair mode (the first attempt takes this waiter's place in
+    // the nodes' queues).
     if let Some(turn) = &turn
         && !config.fair
         && turn.held_here()
-        && let Some(delay) = delays.next()
+        && let Some(delay) = config.backoff.delays().next()
     {
         let watch = watch.insert(shared.hand_off.watch(turn, place.waiter()));
         tokio::select! {
-            wake = sleep_before(delay, deadline) => if wake == Wake::Deadline {
-                return Err(Error::AcquireTimeout {
-                    waited: clock::since(started),
-                    attempts,
-                    last: None,
-                });
-            },
+            // Past the deadline: attempt at once instead.
+            _ = sleep_before(delay, deadline) => {}
             () = watch.released() => {}
         }
         shared.check_open()?;

@@ -109,10 +109,27 @@ pub(crate) async fn fan_out(
     until: Until,
     after: &Settled,
 ) -> Round {
+    fan_out_but(nodes, req, timeout, until, after, &[]).await
+}
+
+/// [`fan_out`], except to the nodes in `skip`, which count as having answered 0 at once
+/// (nothing is sent to them).
+async fn fan_out_but(
+    nodes: &Nodes,
+    req: &Request,
+    timeout: Duration,
+    until: Until,
+    after: &Settled,
+    skip: &[usize],
+) -> Round {
     let mut pending: FuturesUnordered<Call> = nodes
         .iter()
         .enumerate()
         .map(|(index, node)| {
+            if skip.contains(&index) {
+                let call: Call = Box::pin(std::future::ready((index, Ok(0))));
+                return call;
+            }
             let call = node.call(req);
             if node.pipelined() {
                 // The node orders its calls and bounds each one itself.
@@ -159,7 +176,8 @@ pub(crate) async fn fan_out(
 }
 
 /// One acquire attempt over `nodes`: fan out, count, compute the validity, and on failure
-/// release on every node (also those that failed or timed out: their write may have landed).
+/// release on every node that did not refuse (also those that failed or timed out: their
+/// write may have landed).
 ///
 /// On success returns how long after `start` the lock stays valid (`ttl - drift`) — the caller
 /// adds it to an instant taken before the call, which keeps the validity conservative — and
@@ -186,6 +204,8 @@ pub(crate) async fn acquire_round(
     // on every node; their outcomes complete the error.
     let tally = round.finish(nodes, req.op).await;
     tally.trace();
+    // A node that refused wrote nothing: only the others need the release.
+    let refused_by = tally.refused_by.clone();
     let failed = if reached {
         Failed::Other(Error::NoValidity {
             ttl,
@@ -195,7 +215,7 @@ pub(crate) async fn acquire_round(
     } else {
         tally.acquire_failure()
     };
-    release_everywhere(nodes, req, node_timeout, &Settled::none()).await;
+    release_everywhere_but(nodes, req, node_timeout, &Settled::none(), &refused_by).await;
     Err(failed)
 }
 
@@ -207,6 +227,17 @@ pub(crate) async fn release_everywhere(
     node_timeout: Duration,
     after: &Settled,
 ) -> Tally {
+    release_everywhere_but(nodes, req, node_timeout, after, &[]).await
+}
+
+/// [`release_everywhere`], except on the nodes in `skip` (they refused the acquire).
+async fn release_everywhere_but(
+    nodes: &Nodes,
+    req: &Request,
+    node_timeout: Duration,
+    after: &Settled,
+    skip: &[usize],
+) -> Tally {
     // A failed attempt keeps its place in any fair queue: only a lock's own release
     // leaves it.
     let release = Request {
@@ -214,7 +245,7 @@ pub(crate) async fn release_everywhere(
         queue: None,
         ..req.clone()
     };
-    fan_out(nodes, &release, node_timeout, Until::All, after)
+    fan_out_but(nodes, &release, node_timeout, Until::All, after, skip)
         .await
         .finish(nodes, Op::Release)
         .await

@@ -43,6 +43,8 @@ pub(crate) struct Tally {
     pub(crate) granted: usize,
     pub(crate) denied: usize,
     pub(crate) errors: Vec<NodeError>,
+    /// The nodes that refused (answered 0): an acquire wrote nothing there.
+    pub(crate) refused_by: Vec<usize>,
 }
 
 impl Tally {
@@ -52,6 +54,7 @@ impl Tally {
             granted: 0,
             denied: 0,
             errors: Vec::new(),
+            refused_by: Vec::new(),
         }
     }
 
@@ -69,7 +72,10 @@ impl Tally {
     ) {
         match result {
             Ok(reply) if reply > 0 || op == Op::Release => self.granted += 1,
-            Ok(_) => self.denied += 1,
+            Ok(_) => {
+                self.denied += 1;
+                self.refused_by.push(index);
+            }
             Err(failure) => self.errors.push(NodeError {
                 index,
                 addr: nodes[index].addr().to_owned(),
