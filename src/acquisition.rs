@@ -8,6 +8,7 @@ use crate::clock;
 use crate::error::{Error, FencingError};
 use crate::guard::DropGuard;
 use crate::inner::{Held, Shared, Target};
+use crate::metrics::Tries;
 use crate::node::Op;
 use crate::quorum::{self, Failed, Settled};
 use crate::trace;
@@ -20,8 +21,13 @@ pub(crate) struct Acquired {
 }
 
 /// Attempts with the configured schedule and deadline until one succeeds, an error is final,
-/// the retries run out, or `acquire_timeout` would pass.
-pub(crate) async fn acquire(shared: &Arc<Shared>, target: &Target) -> Result<Acquired, Error> {
+/// the retries run out, or `acquire_timeout` would pass. Counts attempts, contended ones and
+/// the time slept between them in `tries`.
+pub(crate) async fn acquire(
+    shared: &Arc<Shared>,
+    target: &Target,
+    tries: &mut Tries,
+) -> Result<Acquired, Error> {
     shared.check_open()?;
     let config = &shared.config;
     let started = clock::now();
@@ -30,6 +36,7 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, target: &Target) -> Result<Acq
     let mut attempts: u32 = 0;
     loop {
         attempts = attempts.saturating_add(1);
+        tries.attempts = attempts;
         trace::attempts(attempts);
         let failed = match attempt(shared, target).await {
             Ok(acquired) => return Ok(acquired),
@@ -38,6 +45,7 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, target: &Target) -> Result<Acq
             }
             Err(failed) => failed,
         };
+        tries.failed(&failed);
         let Some(delay) = delays.next() else {
             return Err(failed.into_error(&target.resources, attempts));
         };
@@ -55,6 +63,7 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, target: &Target) -> Result<Acq
         }
         tracing::trace!(?delay, attempts, "lock attempt failed; retrying");
         tokio::time::sleep(delay).await;
+        tries.backoff += delay;
         shared.check_open()?;
     }
 }
