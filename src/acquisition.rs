@@ -63,7 +63,7 @@ pub(crate) async fn acquire(
         }
         tracing::trace!(?delay, attempts, "lock attempt failed; retrying");
         tokio::time::sleep(delay).await;
-        tries.backoff += delay;
+        tries.backoff = tries.backoff.saturating_add(delay);
         shared.check_open()?;
     }
 }

@@ -44,7 +44,8 @@ impl Lock {
         }
     }
 
-    /// Ownership is gone (`using()` aborted): ends the hold for the metrics.
+    /// Ownership is gone (an extension found the lock lost, or `using()` aborted): ends the
+    /// hold for the metrics.
     pub(crate) fn hold_lost(&mut self) {
         self.hold.end(HoldEnd::Lost, self.expires_at);
     }

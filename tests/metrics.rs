@@ -61,6 +61,15 @@ fn value<'a>(all: &'a [Recorded], name: &str, labels: &[(&str, &str)]) -> Option
         .map(|m| &m.value)
 }
 
+/// The counter `name` with exactly `labels`; 0 when it was never incremented.
+fn counter(all: &[Recorded], name: &str, labels: &[(&str, &str)]) -> u64 {
+    match value(all, name, labels) {
+        None => 0,
+        Some(DebugValue::Counter(n)) => *n,
+        Some(other) => panic!("expected a counter, got {other:?}"),
+    }
+}
+
 fn samples(value: Option<&DebugValue>) -> Vec<f64> {
     match value {
         Some(DebugValue::Histogram(samples)) => {
@@ -128,12 +137,12 @@ async fn a_hold_is_timed_until_its_release_loss_or_drop() {
     // release.
     assert!(lost[0] < short.as_secs_f64(), "{lost:?}");
     assert_eq!(
-        value(
+        counter(
             &all,
             "redfence_acquire_total",
             &[("result", "acquired"), ("type", "job")]
         ),
-        Some(&DebugValue::Counter(4))
+        4
     );
     assert_eq!(
         samples(value(&all, "redfence_acquire_retries", &[("type", "job")])),
@@ -187,8 +196,8 @@ async fn using_records_a_released_and_a_lost_hold() {
     assert_eq!(samples(hold("lost")).len(), 1);
     assert!(hold("dropped").is_none());
     assert_eq!(
-        value(&all, "redfence_lock_lost_total", &[("reason", "not_held")]),
-        Some(&DebugValue::Counter(1))
+        counter(&all, "redfence_lock_lost_total", &[("reason", "not_held")]),
+        1
     );
 }
 
@@ -230,28 +239,28 @@ async fn contention_retries_and_backoff_are_recorded_by_type() {
     let all = snapshot(&snapshotter);
     // One try, three attempts of the retrying call.
     assert_eq!(
-        value(&all, "redfence_contended_total", &[("type", "order")]),
-        Some(&DebugValue::Counter(4))
+        counter(&all, "redfence_contended_total", &[("type", "order")]),
+        4
     );
     assert_eq!(
-        value(&all, "redfence_contended_total", &[("type", "mixed")]),
-        Some(&DebugValue::Counter(1))
+        counter(&all, "redfence_contended_total", &[("type", "mixed")]),
+        1
     );
     assert_eq!(
-        value(
+        counter(
             &all,
             "redfence_acquire_total",
             &[("result", "contended"), ("type", "order")]
         ),
-        Some(&DebugValue::Counter(2))
+        2
     );
     assert_eq!(
-        value(
+        counter(
             &all,
             "redfence_acquire_total",
             &[("result", "acquired"), ("type", "other")]
         ),
-        Some(&DebugValue::Counter(1))
+        1
     );
     // Retries and backoff per retrying call only (`try_acquire` never retries): none for the
     // holder's `acquire`; two retries, two 20 ms waits with no jitter for the waiter's.
@@ -293,12 +302,12 @@ async fn a_custom_resource_type_labels_the_lock() {
     lock.release().await.expect("release");
     let all = snapshot(&snapshotter);
     assert_eq!(
-        value(
+        counter(
             &all,
             "redfence_acquire_total",
             &[("result", "acquired"), ("type", "invoice")]
         ),
-        Some(&DebugValue::Counter(1))
+        1
     );
 }
 
@@ -360,20 +369,20 @@ async fn stale_fenced_writes_are_counted_by_type() {
 
     let all = snapshot(&snapshotter);
     assert_eq!(
-        value(
+        counter(
             &all,
             "redfence_fence_rejected_total",
             &[("type", "invoice")]
         ),
-        Some(&DebugValue::Counter(1))
+        1
     );
     assert_eq!(
-        value(
+        counter(
             &all,
             "redfence_fence_rejected_total",
             &[("type", "invoices")]
         ),
-        Some(&DebugValue::Counter(1))
+        1
     );
     // A's lock, taken away and never extended, ends as dropped after B's: two holds.
     assert_eq!(

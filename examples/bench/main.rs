@@ -12,6 +12,7 @@
 //! BENCH_OPS=20000 cargo run --release --example bench
 //! cargo run --release --all-features --example bench -- fencing   # the fencing scenario only
 //! cargo run --release --example bench -- load      # burst, idle, extension CPU, held locks
+//! cargo run --release --features metrics --example bench -- metrics   # recording cost
 //! ```
 //!
 //! Figures are printed, never asserted: speed is measured, not tested.
@@ -181,6 +182,13 @@ async fn main() {
         load::scenarios(&urls, &redlock, &floor, ops).await;
         return;
     }
+    if only("metrics") {
+        #[cfg(feature = "metrics")]
+        recording::scenario(&redlock, ops).await;
+        #[cfg(not(feature = "metrics"))]
+        println!("the metrics scenario needs the `metrics` feature");
+        return;
+    }
 
     println!(
         "redfence bench: 5 local redis-server nodes, {ops} sequential ops, {PARALLEL}-way parallel"
@@ -289,3 +297,5 @@ async fn main() {
 
 mod fencing;
 mod load;
+#[cfg(feature = "metrics")]
+mod recording;
