@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use redfence::{Error, LossReason, MemoryCounter, Redlock, ResourceType};
+use redfence::{Error, LossReason, Redlock, ResourceType};
 use support::{Servers, eventually, warm_up};
 
 /// One metric as recorded: name, labels (sorted) and value.
@@ -314,6 +314,7 @@ async fn a_custom_resource_type_labels_the_lock() {
 #[cfg(feature = "postgres")]
 #[tokio::test]
 async fn stale_fenced_writes_are_counted_by_type() {
+    use redfence::MemoryCounter;
     use redfence::fence::postgres::{FenceGuards, FencedUpdate};
     use support::postgres::Postgres;
 
