@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use redfence::{Error, LossReason, Redlock, ResourceType};
+use redfence::{Error, LossReason, Redlock, RedlockBuilder, ResourceType};
 use support::{Servers, eventually, warm_up};
 
 /// One metric as recorded: name, labels (sorted) and value.
@@ -83,10 +83,16 @@ fn samples(value: Option<&DebugValue>) -> Vec<f64> {
 
 const TTL: Duration = Duration::from_secs(10);
 
+/// The test servers' builder, with a node timeout generous enough that a loaded machine does
+/// not turn a contended attempt into an unreachable one.
+fn builder(servers: &Servers) -> RedlockBuilder {
+    servers.builder().node_timeout(Duration::from_millis(500))
+}
+
 #[tokio::test]
 async fn a_hold_is_timed_until_its_release_loss_or_drop() {
     let servers = Servers::start(3);
-    let redlock = servers.redlock();
+    let redlock = builder(&servers).build().expect("config");
     warm_up(&redlock).await;
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
@@ -153,9 +159,8 @@ async fn a_hold_is_timed_until_its_release_loss_or_drop() {
 #[tokio::test]
 async fn using_records_a_released_and_a_lost_hold() {
     let servers = Servers::start(3);
-    let redlock = servers
-        .builder()
-        .automatic_extension_threshold(Duration::from_millis(200))
+    let redlock = builder(&servers)
+        .automatic_extension_threshold(Duration::from_secs(1))
         .build()
         .expect("config");
     warm_up(&redlock).await;
@@ -171,7 +176,7 @@ async fn using_records_a_released_and_a_lost_hold() {
     let aborted = redlock
         .using(
             &["report:weekly"],
-            Duration::from_millis(600),
+            Duration::from_secs(3),
             |signal| async move {
                 breaker.force_release(&["report:weekly"]).await?;
                 tokio::time::timeout(Duration::from_secs(10), signal.aborted())
@@ -204,9 +209,8 @@ async fn using_records_a_released_and_a_lost_hold() {
 #[tokio::test]
 async fn contention_retries_and_backoff_are_recorded_by_type() {
     let servers = Servers::start(3);
-    let holder = servers.redlock();
-    let waiter = servers
-        .builder()
+    let holder = builder(&servers).build().expect("config");
+    let waiter = builder(&servers)
         .retry_count(2)
         .retry_delay(Duration::from_millis(20))
         .retry_jitter(Duration::ZERO)
@@ -285,8 +289,7 @@ async fn contention_retries_and_backoff_are_recorded_by_type() {
 #[tokio::test]
 async fn a_custom_resource_type_labels_the_lock() {
     let servers = Servers::start(1);
-    let redlock: Redlock = servers
-        .builder()
+    let redlock: Redlock = builder(&servers)
         .resource_type(ResourceType::custom(|name| name.split('/').nth(1)))
         .build()
         .expect("config");
@@ -319,8 +322,7 @@ async fn stale_fenced_writes_are_counted_by_type() {
     use support::postgres::Postgres;
 
     let servers = Servers::start(3);
-    let redlock = servers
-        .builder()
+    let redlock = builder(&servers)
         .fencing(MemoryCounter::new())
         .build()
         .expect("config");
