@@ -11,6 +11,7 @@ use crate::error::{Error, FencingError};
 use crate::guard::DropGuard;
 use crate::hand_off::Watch;
 use crate::inner::{Held, Shared, Target};
+use crate::metrics::Tries;
 use crate::node::{Op, QueueTicket, Request};
 use crate::quorum::{self, Failed, Settled};
 use crate::trace;
@@ -23,14 +24,19 @@ pub(crate) struct Acquired {
 }
 
 /// Attempts with the configured schedule and deadline until one succeeds, an error is final,
-/// the retries run out, or `acquire_timeout` would pass.
+/// the retries run out, or `acquire_timeout` would pass. Counts attempts, contended ones and
+/// the time waited between them (in line included) in `tries`.
 ///
 /// Waiters for the same keys in this process take turns (FIFO): only the head of the line
 /// polls the nodes. Each retry delay spent in line uses up one retry; when they run out,
 /// one last attempt is made out of turn, so that the error says what the nodes answered.
 /// Between attempts the head sleeps its retry delay, or less: until a release of its keys
 /// reached a majority of nodes, or a lock of this process released them.
-pub(crate) async fn acquire(shared: &Arc<Shared>, target: &Target) -> Result<Acquired, Error> {
+pub(crate) async fn acquire(
+    shared: &Arc<Shared>,
+    target: &Target,
+    tries: &mut Tries,
+) -> Result<Acquired, Error> {
     shared.check_open()?;
     let config = &shared.config;
     let started = clock::now();
@@ -38,6 +44,8 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, target: &Target) -> Result<Acq
     let mut delays = config.backoff.delays();
     let mut attempts: u32 = 0;
     let place = Place::take(shared, target);
+    let in_line = clock::now();
+    let mut waited_in_line = false;
     let turn = {
         let line = shared.hand_off.turn(&target.keys);
         tokio::pin!(line);
@@ -46,6 +54,7 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, target: &Target) -> Result<Acq
         if first.is_some() {
             first
         } else {
+            waited_in_line = true;
             loop {
                 let delay = delays.next();
                 let wait = async {
@@ -72,6 +81,9 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, target: &Target) -> Result<Acq
             }
         }
     };
+    if waited_in_line {
+        tries.backoff = clock::since(in_line);
+    }
     let mut watch: Option<Watch> = None;
     // A lock of this process holds the keys: wait for its release (at most one retry delay,
     // not counted as a retry) before polling. Not without retries (the caller wants one
@@ -83,11 +95,13 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, target: &Target) -> Result<Acq
         && let Some(delay) = config.backoff.delays().next()
     {
         let watch = watch.insert(shared.hand_off.watch(turn, place.waiter()));
+        let waiting = clock::now();
         tokio::select! {
             // Past the deadline: attempt at once instead.
             _ = sleep_before(delay, deadline) => {}
             () = watch.released() => {}
         }
+        tries.backoff = tries.backoff.saturating_add(clock::since(waiting));
         shared.check_open()?;
     }
     loop {
@@ -95,6 +109,7 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, target: &Target) -> Result<Acq
             watch.reset();
         }
         attempts = attempts.saturating_add(1);
+        tries.attempts = attempts;
         trace::attempts(attempts);
         let failed = match attempt(shared, target, place.ticket()).await {
             Ok(acquired) => return Ok(place.granted(acquired)),
@@ -103,6 +118,7 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, target: &Target) -> Result<Acq
             }
             Err(failed) => failed,
         };
+        tries.failed(&failed);
         // Out of turn (the line took the whole budget): that was the last attempt.
         let (Some(turn), Some(delay)) = (&turn, delays.next()) else {
             return Err(failed.into_error(&target.resources, attempts));
@@ -121,10 +137,12 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, target: &Target) -> Result<Acq
         }
         tracing::trace!(?delay, attempts, "lock attempt failed; retrying");
         let watch = watch.get_or_insert_with(|| shared.hand_off.watch(turn, place.waiter()));
+        let waiting = clock::now();
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
             () = watch.released() => tracing::trace!("woken by a release"),
         }
+        tries.backoff = tries.backoff.saturating_add(clock::since(waiting));
         shared.check_open()?;
     }
 }
@@ -154,14 +172,22 @@ async fn sleep_before(delay: Duration, deadline: Option<Instant>) -> Wake {
 }
 
 /// One attempt and no retry (`try_acquire`); in fair mode, in turn.
-pub(crate) async fn try_once(shared: &Arc<Shared>, target: &Target) -> Result<Acquired, Error> {
+pub(crate) async fn try_once(
+    shared: &Arc<Shared>,
+    target: &Target,
+    tries: &mut Tries,
+) -> Result<Acquired, Error> {
     shared.check_open()?;
     trace::attempts(1);
+    tries.attempts = 1;
     let place = Place::take(shared, target);
     attempt(shared, target, place.ticket())
         .await
         .map(|acquired| place.granted(acquired))
-        .map_err(|failed| failed.into_error(&target.resources, 1))
+        .map_err(|failed| {
+            tries.failed(&failed);
+            failed.into_error(&target.resources, 1)
+        })
 }
 
 /// An acquisition's place in the fair queue of its keys on every node (fair mode): left on

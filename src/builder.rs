@@ -16,6 +16,7 @@ use crate::node::Node;
 use crate::node::fake::{Fake, FakeNode};
 use crate::node_addr::NodeAddr;
 use crate::redlock::Redlock;
+use crate::resource_type::ResourceType;
 use crate::retry::Backoff;
 
 /// Builds a [`Redlock`]. Every option has a documented default; nothing is checked until
@@ -196,6 +197,16 @@ impl RedlockBuilder {
     ///   voters ([`ConfigError::FairQueueUnsupported`]).
     pub fn fair(mut self, fair: bool) -> Self {
         self.config.fair = fair;
+        self
+    }
+
+    /// How a resource name maps to its *type*, the `type` label of the metrics (feature
+    /// `metrics`), which never carry resource names. Defaults to
+    /// [`ResourceType::prefix_before(':')`](ResourceType::prefix_before): `invoice:4821` is of
+    /// type `invoice`, a name without `:` of type `other`. Types are cut to 32 bytes and at
+    /// most 100 are reported per process (see [`ResourceType`]).
+    pub fn resource_type(mut self, rule: ResourceType) -> Self {
+        self.config.resource_type = rule;
         self
     }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::error::ConfigError;
 use crate::events::EventHook;
 use crate::fence::FencingCounter;
+use crate::resource_type::ResourceType;
 use crate::retry::Backoff;
 
 /// Default [`drift_factor`](crate::RedlockBuilder::drift_factor): 1 % of the TTL.
@@ -31,6 +32,7 @@ pub(crate) struct Config {
     pub(crate) fencing: Option<Arc<dyn FencingCounter>>,
     pub(crate) fencing_timeout: Duration,
     pub(crate) key_prefix: String,
+    pub(crate) resource_type: ResourceType,
     pub(crate) events: EventHook,
     /// Fair mode: waiters line up on every node (see `RedlockBuilder::fair`).
     pub(crate) fair: bool,
@@ -49,6 +51,7 @@ impl Default for Config {
             fencing: None,
             fencing_timeout: DEFAULT_FENCING_TIMEOUT,
             key_prefix: String::new(),
+            resource_type: ResourceType::default(),
             events: EventHook::none(),
             fair: false,
         }
@@ -69,6 +72,7 @@ impl fmt::Debug for Config {
             .field("fencing_timeout", &self.fencing_timeout)
             .field("key_prefix", &self.key_prefix)
             .field("fair", &self.fair)
+            .field("resource_type", &self.resource_type)
             .field("events", &self.events)
             .finish()
     }

@@ -83,6 +83,7 @@ mod node;
 mod node_addr;
 mod quorum;
 mod redlock;
+mod resource_type;
 mod retry;
 mod trace;
 mod using;
@@ -107,6 +108,7 @@ pub use lock::Lock;
 pub use node::Tls;
 pub use node_addr::NodeAddr;
 pub use redlock::Redlock;
+pub use resource_type::ResourceType;
 pub use retry::Backoff;
 pub use using::Signal;
 

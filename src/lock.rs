@@ -10,6 +10,7 @@ use crate::clock;
 use crate::error::{Error, LossReason};
 use crate::guard::DropGuard;
 use crate::inner::{Held, validate_ttl};
+use crate::metrics::{HoldEnd, HoldTimer, TypeLabel};
 use crate::node::Op;
 use crate::quorum::{self, Until};
 use crate::trace;
@@ -29,15 +30,24 @@ pub struct Lock {
     held: DropGuard<Held>,
     expires_at: Instant,
     fence: Option<u64>,
+    /// How long it is held, for the metrics.
+    hold: HoldTimer,
 }
 
 impl Lock {
-    pub(crate) fn new(acquired: Acquired) -> Self {
+    pub(crate) fn new(acquired: Acquired, ty: TypeLabel) -> Self {
         Lock {
             held: DropGuard::new(acquired.held, Held::release_in_background),
             expires_at: acquired.expires_at,
             fence: acquired.fence,
+            hold: HoldTimer::start(ty),
         }
+    }
+
+    /// Ownership is gone (an extension found the lock lost, or `using()` aborted): ends the
+    /// hold for the metrics.
+    pub(crate) fn hold_lost(&mut self) {
+        self.hold.end(HoldEnd::Lost, self.expires_at);
     }
 
     /// The resources this lock holds, as given (without the key prefix).
@@ -99,6 +109,9 @@ impl Lock {
         let span = trace::extend_span(&self.held.target.resources, self.quorum());
         let started = clock::now();
         let result = self.extend_round(ttl).instrument(span.clone()).await;
+        if result.as_ref().is_err_and(Error::is_lock_lost) {
+            self.hold_lost();
+        }
         trace::outcome(&span, result.as_ref().map(|()| "extended"), started);
         result
     }
@@ -160,6 +173,7 @@ impl Lock {
     }
 
     async fn release_until(mut self, until: Until) -> Result<(), Error> {
+        self.hold.end(HoldEnd::Released, self.expires_at);
         let span = trace::release_span(&self.held.target.resources, self.quorum());
         let started = clock::now();
         let ttl = self.held.target.ttl;
@@ -191,6 +205,13 @@ impl Lock {
             resources: self.held.target.resources.to_vec(),
             reason,
         }
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        // After `release` or a loss, this records nothing.
+        self.hold.end(HoldEnd::Dropped, self.expires_at);
     }
 }
 

@@ -13,6 +13,7 @@ use crate::error::Error;
 use crate::inner::{Shared, validate_ttl};
 use crate::inspect::{self, Inspection, NodeCheck};
 use crate::lock::Lock;
+use crate::metrics::{Tries, TypeLabel};
 use crate::quorum;
 use crate::trace;
 use crate::using::{self, Signal};
@@ -119,22 +120,29 @@ impl Redlock {
         let span = trace::acquire_span(resources, self.quorum());
         let started = clock::now();
         let shared = &self.shared;
+        let mut ty = TypeLabel::other();
+        let mut tries = Tries::default();
         let result = async {
             let target = shared.target(resources, ttl)?;
+            ty = TypeLabel::of_lock(&shared.config.resource_type, &target.resources);
             if retry {
-                acquisition::acquire(shared, &target).await
+                acquisition::acquire(shared, &target, &mut tries).await
             } else {
-                acquisition::try_once(shared, &target).await
+                acquisition::try_once(shared, &target, &mut tries).await
             }
         }
         .instrument(span.clone())
         .await
-        .map(Lock::new);
+        .map(|acquired| Lock::new(acquired, ty.clone()));
         trace::outcome(&span, result.as_ref().map(|_| "acquired"), started);
         if let Ok(lock) = &result {
             trace::fence(&span, lock.fence());
         }
-        crate::metrics::acquisition(result.as_ref().map(|_| ()), clock::since(started));
+        let took = clock::since(started);
+        crate::metrics::acquisition(&ty, result.as_ref().map(|_| ()), took, &tries);
+        if retry && tries.attempts > 0 {
+            crate::metrics::acquisition_retries(&ty, tries.attempts - 1, tries.backoff);
+        }
         result
     }
 

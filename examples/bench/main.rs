@@ -13,6 +13,7 @@
 //! cargo run --release --all-features --example bench -- fencing   # the fencing scenario only
 //! cargo run --release --example bench -- load      # burst, idle, extension CPU, held locks
 //! cargo run --release --example bench -- hotspot   # 16 waiters on one resource, beside node-redlock
+//! cargo run --release --features metrics --example bench -- metrics   # recording cost
 //! ```
 //!
 //! Figures are printed, never asserted: speed is measured, not tested.
@@ -191,6 +192,13 @@ async fn main() {
         load::scenarios(&urls, &redlock, &floor, ops).await;
         return;
     }
+    if only("metrics") {
+        #[cfg(feature = "metrics")]
+        recording::scenario(&redlock, ops).await;
+        #[cfg(not(feature = "metrics"))]
+        println!("the metrics scenario needs the `metrics` feature");
+        return;
+    }
 
     println!(
         "redfence bench: 5 local redis-server nodes, {ops} sequential ops, {PARALLEL}-way parallel"
@@ -301,3 +309,5 @@ async fn main() {
 mod fencing;
 mod hotspot;
 mod load;
+#[cfg(feature = "metrics")]
+mod recording;

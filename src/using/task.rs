@@ -33,6 +33,7 @@ pub(super) async fn extension_task(
     // However this task ends (even aborted with its runtime), the signal stops saying "held".
     let _finish = DropGuard::new(Arc::clone(&state), |state| state.finish());
     if let End::GaveUp = extend_until_stopped(&mut lock, lease, &state, &policy, &mut stop).await {
+        lock.hold_lost();
         // Whether `using` sent nothing and dropped the sender, or was dropped: both end it.
         let _ = stop.await;
     }

@@ -6,6 +6,8 @@ use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Transaction};
 
 use super::{FenceCheck, FencedWriteError, StaleFence, create_if_absent, quote_table};
+use crate::ResourceType;
+use crate::metrics::TypeLabel;
 
 /// Default [`FenceGuards::table`]: `redfence_guards`.
 pub(crate) const DEFAULT_GUARD_TABLE: &str = "redfence_guards";
@@ -67,6 +69,7 @@ const RELEASE_SAVEPOINT: &str = "RELEASE SAVEPOINT redfence_claim_guards";
 pub struct FenceGuards {
     table: String,
     check: FenceCheck,
+    resource_type: ResourceType,
     claim: String,
     last: String,
     create: String,
@@ -92,6 +95,7 @@ impl FenceGuards {
         FenceGuards {
             table: table.to_owned(),
             check,
+            resource_type: ResourceType::default(),
             claim: claim_sql(&t, check),
             last: format!("SELECT resource, last_fence FROM {t} WHERE resource = ANY($1)"),
             create: format!(
@@ -110,6 +114,16 @@ impl FenceGuards {
     pub fn fence_check(mut self, check: FenceCheck) -> Self {
         self.check = check;
         self.claim = claim_sql(&quote_table(&self.table), check);
+        self
+    }
+
+    /// How a stale resource's name maps to the `type` label of
+    /// `redfence_fence_rejected_total` (feature `metrics`); use the rule given to
+    /// [`RedlockBuilder::resource_type`](crate::RedlockBuilder::resource_type). Defaults to
+    /// [`ResourceType::default`], the prefix before the first `:`.
+    #[must_use]
+    pub fn resource_type(mut self, rule: ResourceType) -> Self {
+        self.resource_type = rule;
         self
     }
 
@@ -267,6 +281,7 @@ impl FenceGuards {
                 fence_param,
             )
         });
+        crate::metrics::fence_rejected(&TypeLabel::of_resource(&self.resource_type, &resource));
         Err(StaleFence {
             resource,
             offered: fence,
@@ -293,6 +308,7 @@ impl fmt::Debug for FenceGuards {
         f.debug_struct("FenceGuards")
             .field("table", &self.table)
             .field("check", &self.check)
+            .field("resource_type", &self.resource_type)
             .finish_non_exhaustive()
     }
 }

@@ -6,6 +6,7 @@ use tokio_postgres::GenericClient;
 use tokio_postgres::types::ToSql;
 
 use super::{FenceCheck, FencedWriteError, StaleFence, quote_ident, quote_table};
+use crate::metrics::TypeLabel;
 
 /// Default [`FencedUpdate::fence_column`]: `last_fence`.
 pub(crate) const DEFAULT_FENCE_COLUMN: &str = "last_fence";
@@ -182,12 +183,15 @@ impl<'a> FencedUpdate<'a> {
             None => None,
         };
         match last {
-            Some(last) if self.check.refuses(fence_param, last) => Err(StaleFence {
-                resource: format!("{}({} = {:?})", self.table, self.key_column, self.key),
-                offered: fence,
-                last_accepted: u64::try_from(last).unwrap_or(0),
+            Some(last) if self.check.refuses(fence_param, last) => {
+                crate::metrics::fence_rejected(&TypeLabel::of_name(&self.table));
+                Err(StaleFence {
+                    resource: format!("{}({} = {:?})", self.table, self.key_column, self.key),
+                    offered: fence,
+                    last_accepted: u64::try_from(last).unwrap_or(0),
+                }
+                .into())
             }
-            .into()),
             _ => Err(FencedWriteError::NotFound {
                 table: self.table.clone(),
                 key_column: self.key_column.clone(),
