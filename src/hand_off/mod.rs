@@ -143,12 +143,7 @@ impl HandOff {
 
     /// Watches the keys for releases, subscribing on every node that can.
     pub(crate) fn watch(&self, turn: &Turn, waiter: Option<Arc<str>>) -> Watch {
-        let watcher = Arc::new(Watcher {
-            waiter,
-            seen: Mutex::new(0),
-            fired: AtomicBool::new(false),
-            notify: Notify::new(),
-        });
+        let watcher = Arc::new(Watcher::new(waiter));
         for state in &turn.keys.keys {
             let mut watchers = lock(&state.watchers);
             watchers.retain(|w| w.strong_count() > 0);
@@ -172,16 +167,10 @@ impl HandOff {
         let keys = sorted
             .into_iter()
             .map(|key| {
-                Arc::clone(map.entry(key.clone()).or_insert_with(|| {
-                    Arc::new(KeyState {
-                        name: key.clone(),
-                        subscribed: AtomicBool::new(false),
-                        turn: Arc::default(),
-                        holders: Mutex::new(0),
-                        watchers: Mutex::default(),
-                        last_used: Mutex::new(crate::clock::now()),
-                    })
-                }))
+                Arc::clone(
+                    map.entry(key.clone())
+                        .or_insert_with(|| Arc::new(KeyState::new(key.clone()))),
+                )
             })
             .collect();
         Users {
@@ -249,6 +238,17 @@ impl State {
 }
 
 impl KeyState {
+    fn new(name: String) -> Self {
+        KeyState {
+            name,
+            subscribed: AtomicBool::new(false),
+            turn: Arc::default(),
+            holders: Mutex::new(0),
+            watchers: Mutex::default(),
+            last_used: Mutex::new(crate::clock::now()),
+        }
+    }
+
     /// Wakes the watchers for a release on a node (`Some((index, next))`, counted towards a
     /// majority), or by this process (`None`).
     fn wake(&self, node: Option<(usize, &str)>, quorum: usize) {
@@ -304,6 +304,17 @@ impl Drop for Users {
             {
                 map.remove(&name);
             }
+        }
+    }
+}
+
+impl Watcher {
+    fn new(waiter: Option<Arc<str>>) -> Self {
+        Watcher {
+            waiter,
+            seen: Mutex::new(0),
+            fired: AtomicBool::new(false),
+            notify: Notify::new(),
         }
     }
 }

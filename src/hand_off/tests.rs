@@ -97,28 +97,22 @@ async fn a_local_release_wakes_the_watcher_and_unused_keys_are_forgotten() {
     assert!(lock(&hand_off.state.keys).is_empty());
 }
 
-#[test]
-fn messages_wake_a_watcher_only_from_a_majority_of_nodes() {
+/// A state with one key "a" (quorum 2), watched by one watcher.
+fn one_watched_key(waiter: Option<Arc<str>>) -> (State, Arc<KeyState>, Arc<Watcher>) {
     let state = State {
         keys: Mutex::default(),
         quorum: 2,
     };
-    let key = Arc::new(KeyState {
-        name: "a".into(),
-        subscribed: AtomicBool::new(true),
-        turn: Arc::default(),
-        holders: Mutex::new(0),
-        watchers: Mutex::default(),
-        last_used: Mutex::new(crate::clock::now()),
-    });
+    let key = Arc::new(KeyState::new("a".into()));
     lock(&state.keys).insert("a".into(), Arc::clone(&key));
-    let watcher = Arc::new(Watcher {
-        waiter: None,
-        seen: Mutex::new(0),
-        fired: AtomicBool::new(false),
-        notify: Notify::new(),
-    });
+    let watcher = Arc::new(Watcher::new(waiter));
     lock(&key.watchers).push(Arc::downgrade(&watcher));
+    (state, key, watcher)
+}
+
+#[test]
+fn messages_wake_a_watcher_only_from_a_majority_of_nodes() {
+    let (state, _key, watcher) = one_watched_key(None);
     state.released("a", 1, "");
     state.released("a", 1, "");
     assert!(
@@ -133,26 +127,7 @@ fn messages_wake_a_watcher_only_from_a_majority_of_nodes() {
 
 #[test]
 fn a_fair_waiter_counts_only_messages_that_name_it_or_nobody() {
-    let state = State {
-        keys: Mutex::default(),
-        quorum: 2,
-    };
-    let key = Arc::new(KeyState {
-        name: "a".into(),
-        subscribed: AtomicBool::new(true),
-        turn: Arc::default(),
-        holders: Mutex::new(0),
-        watchers: Mutex::default(),
-        last_used: Mutex::new(crate::clock::now()),
-    });
-    lock(&state.keys).insert("a".into(), Arc::clone(&key));
-    let watcher = Arc::new(Watcher {
-        waiter: Some(Arc::from("me")),
-        seen: Mutex::new(0),
-        fired: AtomicBool::new(false),
-        notify: Notify::new(),
-    });
-    lock(&key.watchers).push(Arc::downgrade(&watcher));
+    let (state, key, watcher) = one_watched_key(Some(Arc::from("me")));
     key.wake(None, 2);
     assert!(
         !watcher.fired.load(Ordering::SeqCst),
