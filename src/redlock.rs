@@ -75,6 +75,13 @@ impl Redlock {
     /// allowance; see [`Lock::expires_at`]. If fencing is configured, the lock carries a fresh
     /// token ([`Lock::fence`]).
     ///
+    /// Calls for the same resources on this `Redlock` wait in line, first come first served:
+    /// only the first asks the nodes, and it retries as soon as a release reaches it (from
+    /// this process at once, from another one once a majority of nodes reported it), or
+    /// after its retry delay. Each retry delay spent further back in line uses up a retry.
+    /// With [`fair`](crate::RedlockBuilder::fair) the line extends across processes. See the
+    /// README's "Hot resources".
+    ///
     /// # Errors
     ///
     /// - [`Error::InvalidInput`] for no, empty or duplicate resources, more than
@@ -101,7 +108,8 @@ impl Redlock {
     }
 
     /// Makes exactly one attempt to acquire a lock; the same as [`acquire`](Self::acquire)
-    /// without retries.
+    /// without retries. It does not wait in line behind other callers (in fair mode it still
+    /// respects the nodes' queues: a waiter ahead makes it [`Error::Contended`]).
     pub async fn try_acquire(
         &self,
         resources: &[impl AsRef<str>],
