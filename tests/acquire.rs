@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redfence::{Error, LossReason, NodeFailure};
-use support::{Servers, eventually};
+use support::{Servers, TestRedlock, eventually};
 
 /// A node timeout for tests that need every node's answer, not just a majority's.
 const PATIENT: Duration = Duration::from_millis(500);

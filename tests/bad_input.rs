@@ -5,7 +5,7 @@ mod support;
 use std::time::Duration;
 
 use redfence::{ConfigError, Error, InvalidInput, MAX_TTL, Redlock};
-use support::Servers;
+use support::{Servers, TestRedlock};
 
 const TTL: Duration = Duration::from_secs(5);
 

@@ -1,5 +1,5 @@
 //! Clock faults: nodes whose clocks run fast or jump forward (libfaketime on Valkey, see
-//! `tests/support/faketime.rs`).
+//! `testkit/src/faketime.rs`).
 //!
 //! Redlock assumes every node expires a key after about the same real time; `drift_factor`
 //! pays for rates a few percent apart, not for a node 4× fast or stepped forward. With a
@@ -18,9 +18,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redfence::{Error, Lock, MemoryCounter, Redlock};
-use support::Servers;
 use support::eventually;
 use support::faketime::{Clocks, Pieces, server_ahead};
+use support::{Servers, TestRedlock};
 
 const TTL: Duration = Duration::from_secs(6);
 const RATE: f64 = 4.0;

@@ -8,8 +8,8 @@ mod support;
 use std::time::Duration;
 
 use redfence::{Error, Redlock};
-use support::Servers;
 use support::proxy::{Mode, Proxy};
+use support::{Servers, TestRedlock};
 
 const LONG: Duration = Duration::from_secs(10);
 

@@ -2,7 +2,7 @@
 //! redis-server processes, and PostgreSQL rejecting a stale owner's write.
 //!
 //! The PostgreSQL tests need the `postgres` feature and the server binaries (see
-//! `tests/support/postgres.rs`); each starts a cluster of its own.
+//! `testkit/src/postgres.rs`); each starts a cluster of its own.
 
 mod support;
 
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use redfence::{BoxError, Error, FencingCounter, FencingError, MemoryCounter, RedisCounter};
-use support::{Servers, eventually};
+use support::{Servers, TestRedlock, eventually};
 
 const TTL: Duration = Duration::from_secs(5);
 

@@ -5,7 +5,7 @@ mod support;
 use std::time::Duration;
 
 use redfence::{Error, InvalidInput, KeyState, NodeFailure, TOKEN_PREFIX_LEN};
-use support::Servers;
+use support::{Servers, TestRedlock};
 
 #[tokio::test]
 async fn inspect_reports_each_node_and_the_quorum_view() {

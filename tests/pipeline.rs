@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use redfence::{Error, NodeFailure, Redlock};
-use support::{Servers, eventually};
+use support::{Servers, TestRedlock, eventually};
 
 const TTL: Duration = Duration::from_secs(30);
 

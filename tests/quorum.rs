@@ -5,7 +5,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use redfence::{Error, NodeFailure};
-use support::{Servers, eventually};
+use support::{Servers, TestRedlock, eventually};
 
 const TTL: Duration = Duration::from_secs(5);
 

@@ -11,7 +11,7 @@
 //! resources.
 //!
 //! The local run uses five Valkey servers under libfaketime where both are available
-//! (`tests/support/faketime.rs`), so that any node can get a clock fault; elsewhere it runs on
+//! (`testkit/src/faketime.rs`), so that any node can get a clock fault; elsewhere it runs on
 //! redis-server without clock faults and says what is missing.
 //!
 //! `TORTURE_SECS` sets the duration of each run (default 45 s).

@@ -12,7 +12,7 @@ use futures::FutureExt;
 use redfence::{
     Error, Event, InvalidInput, LossReason, Redlock, RedlockBuilder, RenewalLimit, Signal,
 };
-use support::{DEADLINE, Servers, eventually};
+use support::{DEADLINE, Servers, TestRedlock, eventually};
 
 const MS: Duration = Duration::from_millis(1);
 

@@ -45,7 +45,7 @@ pub async fn scenario(servers: &Servers, ops: usize) {
     #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
     let mut seq_only: Vec<Row> = Vec::new();
     #[cfg(feature = "postgres")]
-    let pg = support::postgres::Postgres::start();
+    let pg = redfence_testkit::postgres::Postgres::start();
     #[cfg(feature = "postgres")]
     {
         postgres::time_wal_flushes(&pg).await;
@@ -247,7 +247,7 @@ mod postgres {
     use redfence::tokio_postgres::Client;
     use redfence::{BoxError, FencingCounter, PostgresCounter};
 
-    use crate::support::postgres::Postgres;
+    use redfence_testkit::postgres::Postgres;
 
     /// Counters used in turn: one backend each.
     pub struct Alternate<const N: usize> {

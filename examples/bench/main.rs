@@ -18,18 +18,15 @@
 //!
 //! Figures are printed, never asserted: speed is measured, not tested.
 
-#[path = "../../tests/support/mod.rs"]
-mod support;
-
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use redfence::Redlock;
+use redfence_testkit::Servers;
+use redfence_testkit::proxy::{Mode, Proxy};
 use redis::Script;
 use redis::aio::ConnectionManager;
-use support::Servers;
-use support::proxy::{Mode, Proxy};
 
 static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../src/scripts/acquire.lua")));

@@ -6,10 +6,11 @@ use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::Servers;
-use super::proxy::{Mode, Proxy};
+use crate::Servers;
+use crate::proxy::{Mode, Proxy};
 
 /// Five (or N) independent masters with faults to inject. Node indexes start at 0.
+#[allow(clippy::len_without_is_empty)] // never empty: a harness starts one node at least
 pub trait Cluster {
     /// A short name for messages.
     fn name(&self) -> &'static str;
@@ -116,7 +117,7 @@ impl Cluster for LocalCluster {
 }
 
 /// The docker-compose project of `docker/` (five nodes on 127.0.0.1:7001..7005), driven by
-/// `docker/nodes.sh`. Only one can be up at a time: hold [`ComposeCluster::lock`].
+/// `docker/nodes.sh`. Only one can be up at a time: each value holds the harness until dropped.
 pub struct ComposeCluster {
     fsync: bool,
     _guard: MutexGuard<'static, ()>,
@@ -125,7 +126,7 @@ pub struct ComposeCluster {
 static COMPOSE: Mutex<()> = Mutex::new(());
 
 fn nodes_sh(fsync: bool, args: &[&str]) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/docker/nodes.sh");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../docker/nodes.sh");
     let out = Command::new("bash")
         .arg(script)
         .args(args)

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{DEADLINE, Launch, Servers, free_port};
+use crate::{DEADLINE, Launch, Servers, free_port};
 
 /// Two masters of one cluster: server 0 owns slots 0–8191, server 1 owns 8192–16383.
 pub struct RedisCluster {

@@ -4,7 +4,8 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{DEADLINE, Servers, free_port};
+use crate::servers::binary;
+use crate::{DEADLINE, Servers, free_port};
 
 /// The name the sentinels know the master by.
 pub const MASTER: &str = "mymaster";
@@ -24,10 +25,6 @@ pub fn role(servers: &Servers, i: usize) -> String {
         .unwrap_or("")
         .trim()
         .to_owned()
-}
-
-fn binary() -> String {
-    std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
 }
 
 impl SentinelGroup {

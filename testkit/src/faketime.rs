@@ -25,7 +25,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use super::{Launch, Servers};
+use crate::{Launch, Servers};
 
 /// libfaketime and a Valkey server that runs under it.
 #[derive(Clone, Debug)]

@@ -1,4 +1,4 @@
-//! Test support: a throwaway PostgreSQL cluster, started from the server binaries.
+//! A throwaway PostgreSQL cluster, started from the server binaries.
 //!
 //! The binaries come from `PG_BIN` (a directory), else `pg_config --bindir`, else the newest
 //! `/usr/lib/postgresql/*/bin`. PostgreSQL refuses to run as root, so when the tests run as
@@ -6,13 +6,14 @@
 //!
 //! Each [`Postgres`] is a fresh cluster in its own temp dir, listening on a free loopback
 //! port with its own socket dir, `fsync=on`; it is stopped (immediate) when dropped. The
-//! cluster is a copy of a template made once by `initdb` and kept in cargo's
-//! `CARGO_TARGET_TMPDIR` (one per PostgreSQL version), so most tests skip `initdb`.
+//! cluster is a copy of a template made once by `initdb` and kept in the cargo target dir's
+//! `tmp/` (one per PostgreSQL version), so most tests skip `initdb`.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
+
+use crate::free_port;
 
 /// A PostgreSQL cluster of its own, trust-authenticated, superuser `postgres`.
 pub struct Postgres {
@@ -70,12 +71,7 @@ fn template(bin: &Path) -> &'static Path {
             .filter(|c| c.is_ascii_alphanumeric() || *c == '.')
             .collect();
         // The initdb options below are part of the key: change "v1" when they change.
-        // Integration tests get a target temp dir; an example that includes this file does not.
-        let cache = option_env!("CARGO_TARGET_TMPDIR")
-            .map(Path::new)
-            .map(Path::to_path_buf)
-            .unwrap_or_else(std::env::temp_dir)
-            .join(format!("pg-template-v1-{version}"));
+        let cache = cache_dir().join(format!("pg-template-v1-{version}"));
         if cache.join("data").join("PG_VERSION").exists() && cache.join("complete").exists() {
             return cache.join("data");
         }
@@ -122,6 +118,24 @@ fn template(bin: &Path) -> &'static Path {
     })
 }
 
+/// Where templates are kept: the cargo target dir's `tmp/` (the `CARGO_TARGET_TMPDIR` of
+/// integration tests), found from the running test (`<target>/<profile>/deps/<test>`) or
+/// example (`<target>/<profile>/examples/<example>`); else the system temp dir.
+fn cache_dir() -> PathBuf {
+    let target_tmp = std::env::current_exe().ok().and_then(|exe| {
+        let dir = exe.parent()?;
+        let kind = dir.file_name()?;
+        if kind != "deps" && kind != "examples" {
+            return None;
+        }
+        Some(dir.parent()?.parent()?.join("tmp"))
+    });
+    match target_tmp {
+        Some(dir) if std::fs::create_dir_all(&dir).is_ok() => dir,
+        _ => std::env::temp_dir(),
+    }
+}
+
 fn chown_postgres(path: &Path) {
     let status = Command::new("chown")
         .arg("postgres:postgres")
@@ -149,11 +163,6 @@ fn is_root() -> bool {
         .output()
         .map(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
         .unwrap_or(false)
-}
-
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("local addr").port()
 }
 
 impl Postgres {
@@ -356,13 +365,12 @@ impl Postgres {
         self.dir.path()
     }
 
-    /// A connected client; its connection runs on a spawned task.
-    #[cfg(feature = "postgres")]
-    pub async fn client(&self) -> redfence::tokio_postgres::Client {
-        let (client, connection) =
-            redfence::tokio_postgres::connect(&self.url(), redfence::tokio_postgres::NoTls)
-                .await
-                .unwrap_or_else(|e| panic!("connect to test PostgreSQL: {e:?}"));
+    /// A connected client, on the current Tokio runtime: its connection runs on a spawned
+    /// task. The same type as `redfence::tokio_postgres::Client`.
+    pub async fn client(&self) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::connect(&self.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap_or_else(|e| panic!("connect to test PostgreSQL: {e:?}"));
         tokio::spawn(async move {
             let _ = connection.await;
         });

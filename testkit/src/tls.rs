@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 
-use super::{Launch, Servers, free_port};
+use crate::{Launch, Servers, free_port};
 
 /// A certificate authority and what it signed, as PEM text and as files.
 pub struct Pki {
