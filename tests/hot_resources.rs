@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use redfence::{Backoff, Redlock};
-use support::{Servers, eventually};
+use support::{Servers, TestRedlock, eventually};
 
 const TTL: Duration = Duration::from_secs(10);
 const CHANNEL: &str = "redfence:released:";
