@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use redfence::{Error, LossReason, Redlock, RedlockBuilder, ResourceType};
-use support::{Servers, eventually, warm_up};
+use support::{Servers, TestRedlock, eventually, warm_up};
 
 /// One metric as recorded: name, labels (sorted) and value.
 #[derive(Debug)]
