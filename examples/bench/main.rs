@@ -14,6 +14,9 @@
 //! cargo run --release --example bench -- load      # burst, idle, extension CPU, held locks
 //! cargo run --release --example bench -- hotspot   # 16 waiters on one resource, beside node-redlock
 //! cargo run --release --features metrics --example bench -- metrics   # recording cost
+//! # on given masters (e.g. those ../shared/peers/run.sh uses), for figures beside the peers':
+//! BENCH_NODES=127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005 \
+//!   cargo run --release --example bench
 //! ```
 //!
 //! Figures are printed, never asserted: speed is measured, not tested.
@@ -154,6 +157,28 @@ where
     (PARALLEL * ops_per_task) as f64 / started.elapsed().as_secs_f64()
 }
 
+/// `BENCH_NODES=host:port,...`: the masters to measure on instead of the five the bench starts
+/// (the fencing scenario keeps its own). The slowed-node scenario proxies the fifth, which
+/// must then be local.
+fn bench_nodes() -> Option<Vec<String>> {
+    let nodes = std::env::var("BENCH_NODES").ok()?;
+    let urls: Vec<String> = nodes
+        .split(',')
+        .filter(|n| !n.is_empty())
+        .map(|n| format!("redis://{n}"))
+        .collect();
+    assert_eq!(urls.len(), 5, "BENCH_NODES takes five host:port");
+    Some(urls)
+}
+
+/// The port of a `redis://host:port` URL.
+fn port_of(url: &str) -> u16 {
+    url.rsplit(':')
+        .next()
+        .and_then(|p| p.trim_end_matches('/').parse().ok())
+        .expect("a redis://host:port URL")
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let ops: usize = std::env::var("BENCH_OPS")
@@ -172,7 +197,7 @@ async fn main() {
         fencing::scenario(&servers, ops).await;
         return;
     }
-    let urls = servers.urls();
+    let urls = bench_nodes().unwrap_or_else(|| servers.urls());
     let redlock = Redlock::builder()
         .nodes(urls.clone())
         .build()
@@ -251,7 +276,7 @@ async fn main() {
     );
 
     // One node behind a proxy that adds 50 ms each way: the majority answers first.
-    let proxy = Proxy::start(servers.port(4)).await;
+    let proxy = Proxy::start(port_of(&urls[4])).await;
     proxy.set(Mode::Delay(Duration::from_millis(50)));
     let mut slowed_urls = urls[..4].to_vec();
     slowed_urls.push(proxy.url());

@@ -21,10 +21,10 @@ use std::sync::Arc;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{Script, Value};
+use redis::{Cmd, ErrorKind, Script, ServerErrorKind, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use super::connection::LazyConnection;
+use super::connection::{Connection, LazyConnection};
 use super::{Op, Request};
 use crate::error::NodeFailure;
 
@@ -197,40 +197,17 @@ impl Batch {
             self.answer_flushes();
             return Ok(());
         }
-        let mut invocation = BATCH.prepare_invoke();
-        for (req, _) in &self.runs {
-            let kind = match (req.op, &req.queue) {
-                (Op::Acquire, None) => "a",
-                (Op::Acquire, Some(_)) => "f",
-                (Op::Extend, _) => "e",
-                (Op::Release, None) => "r",
-                (Op::Release, Some(_)) => "R",
-                (Op::Leave, _) => "l",
-            };
-            invocation
-                .arg(kind)
-                .arg(&*req.token)
-                .arg(req.ttl_ms)
-                .arg(req.keys.len());
-            if matches!(kind, "f" | "l" | "R") {
-                let (waiter, ticket, lease) = req
-                    .queue
-                    .as_deref()
-                    .map_or(("", 0, 0), |q| (&*q.waiter, q.ticket, q.lease_ms));
-                invocation.arg(waiter).arg(ticket).arg(lease);
-            }
-            invocation.key(&*req.keys);
-        }
+        let command = self.command();
         let call = async {
             let mut connection = conn.connection().await?;
-            match invocation.invoke_async::<Vec<Value>>(&mut connection).await {
+            match evalsha(&command, &mut connection).await {
                 Ok(replies) => Ok(replies),
                 // The first call on a connection the server dropped (a restart, a reset) fails
                 // and makes the manager reconnect: repeat it once. Every operation is
                 // idempotent for its token.
                 Err(err) if err.is_io_error() || err.is_connection_dropped() => {
                     tracing::debug!(node = %conn.addr(), %err, "connection lost; retrying the batch once");
-                    Ok(invocation.invoke_async(&mut connection).await?)
+                    Ok(evalsha(&command, &mut connection).await?)
                 }
                 Err(err) => Err(NodeFailure::from(err)),
             }
@@ -255,6 +232,45 @@ impl Batch {
         Ok(())
     }
 
+    /// The batch as one `EVALSHA` of `scripts/batch.lua`: every operation's keys, then every
+    /// operation's arguments (kind, token, TTL, key count, and the fair queue's three for
+    /// `f`, `l` and `R`), written straight into one command buffer (no allocation per
+    /// argument).
+    fn command(&self) -> Cmd {
+        let keys: usize = self.runs.iter().map(|(req, _)| req.keys.len()).sum();
+        let args = 3 + keys + self.runs.len() * 7;
+        let mut command = Cmd::with_capacity(args, 64 + keys * 48 + self.runs.len() * 64);
+        command.arg("EVALSHA").arg(BATCH.get_hash()).arg(keys);
+        for (req, _) in &self.runs {
+            for key in req.keys.iter() {
+                command.arg(key.as_str());
+            }
+        }
+        for (req, _) in &self.runs {
+            let kind = match (req.op, &req.queue) {
+                (Op::Acquire, None) => "a",
+                (Op::Acquire, Some(_)) => "f",
+                (Op::Extend, _) => "e",
+                (Op::Release, None) => "r",
+                (Op::Release, Some(_)) => "R",
+                (Op::Leave, _) => "l",
+            };
+            command
+                .arg(kind)
+                .arg(&*req.token)
+                .arg(req.ttl_ms)
+                .arg(req.keys.len());
+            if matches!(kind, "f" | "l" | "R") {
+                let (waiter, ticket, lease) = req
+                    .queue
+                    .as_deref()
+                    .map_or(("", 0, 0), |q| (&*q.waiter, q.ticket, q.lease_ms));
+                command.arg(waiter).arg(ticket).arg(lease);
+            }
+        }
+        command
+    }
+
     fn fail(&mut self, failure: &NodeFailure) {
         for (_, reply) in self.runs.drain(..) {
             if let Some(reply) = reply {
@@ -268,6 +284,19 @@ impl Batch {
         for done in self.flushes.drain(..) {
             let _ = done.send(());
         }
+    }
+}
+
+/// Runs `command` (an `EVALSHA` of the batch script); when the server does not have the
+/// script cached (`NOSCRIPT`: first use, a restart, a `SCRIPT FLUSH`), loads it and runs the
+/// command again.
+async fn evalsha(command: &Cmd, connection: &mut Connection) -> redis::RedisResult<Vec<Value>> {
+    match command.query_async(connection).await {
+        Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            BATCH.load_async(connection).await?;
+            command.query_async(connection).await
+        }
+        other => other,
     }
 }
 

@@ -2,12 +2,11 @@
 //! round is decided as soon as a majority agreed or a majority became impossible, and the
 //! stragglers finish in the background (tracked, so that `Redlock::close` can wait for them).
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
+use std::task::Poll;
 use std::time::Duration;
 
-use futures::StreamExt;
 use futures::future::BoxFuture;
-use futures::stream::FuturesUnordered;
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
@@ -16,13 +15,42 @@ use crate::error::NodeFailure;
 use crate::node::{Nodes, Op, Request};
 use crate::{Error, clock};
 
-/// One node call of a round: the node's index and its outcome.
-type Call = BoxFuture<'static, (usize, Result<i64, NodeFailure>)>;
+/// One node call of a round.
+type Call = BoxFuture<'static, Result<i64, NodeFailure>>;
+
+/// The node calls of a round still running, by node index. A round has a handful, so they
+/// are polled together on every wake-up, with no allocation or waker per call (unlike a
+/// `FuturesUnordered`).
+pub(crate) struct Calls(Vec<Option<Call>>);
+
+impl Calls {
+    /// The next call to finish, with its node's index; `None` once none is left.
+    async fn next(&mut self) -> Option<(usize, Result<i64, NodeFailure>)> {
+        std::future::poll_fn(|cx| {
+            let mut running = false;
+            for (index, slot) in self.0.iter_mut().enumerate() {
+                if let Some(call) = slot {
+                    if let Poll::Ready(result) = call.as_mut().poll(cx) {
+                        *slot = None;
+                        return Poll::Ready(Some((index, result)));
+                    }
+                    running = true;
+                }
+            }
+            if running {
+                Poll::Pending
+            } else {
+                Poll::Ready(None)
+            }
+        })
+        .await
+    }
+}
 
 /// A decided round: the votes, and the calls still running when it was decided.
 pub(crate) struct Round {
     pub(crate) tally: Tally,
-    pending: FuturesUnordered<Call>,
+    pending: Calls,
     answered: Vec<bool>,
     /// Which nodes order and bound their own calls (see `Node::pipelined`).
     pipelined: Vec<bool>,
@@ -80,11 +108,15 @@ pub(crate) struct Settled {
 impl Settled {
     /// Nothing to wait for.
     pub(crate) fn none() -> Self {
-        let (_, rx) = watch::channel(true);
-        Settled {
-            pending: Arc::from(Vec::new()),
-            done: rx,
-        }
+        // Made once: most rounds have nothing to wait for, and cloning is two `Arc` clones.
+        static NONE: LazyLock<Settled> = LazyLock::new(|| {
+            let (_, rx) = watch::channel(true);
+            Settled {
+                pending: Arc::from(Vec::new()),
+                done: rx,
+            }
+        });
+        NONE.clone()
     }
 
     fn holds(&self, index: usize) -> bool {
@@ -122,19 +154,17 @@ async fn fan_out_but(
     after: &Settled,
     skip: &[usize],
 ) -> Round {
-    let mut pending: FuturesUnordered<Call> = nodes
+    let calls = nodes
         .iter()
         .enumerate()
         .map(|(index, node)| {
             if skip.contains(&index) {
-                let call: Call = Box::pin(std::future::ready((index, Ok(0))));
-                return call;
+                return None;
             }
             let call = node.call(req);
             if node.pipelined() {
                 // The node orders its calls and bounds each one itself.
-                let call: Call = Box::pin(async move { (index, call.await) });
-                return call;
+                return Some(call);
             }
             let gate = after.holds(index).then(|| after.clone());
             // One timeout covers the wait for the earlier call and this call together, so a
@@ -148,17 +178,24 @@ async fn fan_out_but(
                     }
                     call.await
                 };
-                let result = match tokio::time::timeout(timeout, gated).await {
+                match tokio::time::timeout(timeout, gated).await {
                     Ok(result) => result,
                     Err(_) => Err(NodeFailure::Timeout(timeout)),
-                };
-                (index, result)
+                }
             });
-            call
+            Some(call)
         })
         .collect();
+    let mut pending = Calls(calls);
     let mut tally = Tally::new(nodes.len());
     let mut answered = vec![false; nodes.len()];
+    // The skipped nodes answer 0 at once (nothing is sent to them).
+    for &index in skip {
+        if index < nodes.len() && !tally.decided(until) {
+            answered[index] = true;
+            tally.record(nodes, req.op, index, Ok(0));
+        }
+    }
     while !tally.decided(until) {
         let Some((index, result)) = pending.next().await else {
             break;

@@ -212,8 +212,14 @@ impl State {
         stored
     }
 
+    /// Records the new validity end; wakes [`Signal::aborted`] only if someone waits there
+    /// (a waiter that subscribes meanwhile reads the new value on its own, at the latest when
+    /// the old one runs out), since this comes for every lock every round.
     pub(super) fn extended(&self, expires_at: Instant) {
-        self.expires_at.send_replace(expires_at);
+        self.expires_at.send_if_modified(|value| {
+            *value = expires_at;
+            self.expires_at.receiver_count() > 0
+        });
     }
 }
 
