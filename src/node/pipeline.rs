@@ -17,15 +17,18 @@
 //!   [`NodeFailure::Overloaded`] instead of queueing without bound.
 
 use std::collections::VecDeque;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::{Cmd, ErrorKind, Script, ServerErrorKind, Value};
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Sleep;
 
 use super::connection::{Connection, LazyConnection};
 use super::{Op, Request};
+use crate::clock;
 use crate::error::NodeFailure;
 
 static BATCH: LazyLock<Script> =
@@ -105,6 +108,11 @@ async fn serve(mut queue: mpsc::Receiver<Job>, conn: Arc<LazyConnection>, timeou
     // Requests taken off the queue but not sent yet, in order: the one that did not fit the
     // last batch, and those that waited behind a hung call (their callers already answered).
     let mut backlog: VecDeque<Job> = VecDeque::new();
+    // One timer for every call: moving its deadline later is an atomic store, where a new
+    // timer per call is an insert into the timer wheel (and a wake-up of the thread that
+    // sleeps on it, when the runtime is idle).
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
     loop {
         let first = match backlog.pop_front() {
             Some(job) => job,
@@ -131,7 +139,11 @@ async fn serve(mut queue: mpsc::Receiver<Job>, conn: Arc<LazyConnection>, timeou
                 break;
             }
         }
-        if let Err(failure) = batch.run(&conn, timeout).await {
+        // (A timeout too long for an Instant leaves the first, far-future deadline.)
+        if let Some(at) = tokio::time::Instant::from_std(clock::now()).checked_add(timeout) {
+            deadline.as_mut().reset(at);
+        }
+        if let Err(failure) = batch.run(&conn, timeout, deadline.as_mut()).await {
             batch.fail(&failure);
             if matches!(failure, NodeFailure::Timeout(_)) {
                 // Every request queued behind a hung call has waited long enough: answer it
@@ -191,8 +203,14 @@ impl Batch {
     }
 
     /// Sends the batch as one script call and answers each request; `Err` when the call as a
-    /// whole failed (the requests are then still to be answered, by `fail`).
-    async fn run(&mut self, conn: &LazyConnection, timeout: Duration) -> Result<(), NodeFailure> {
+    /// whole failed or `deadline` (set `timeout` after the call starts) passed first (the
+    /// requests are then still to be answered, by `fail`).
+    async fn run(
+        &mut self,
+        conn: &LazyConnection,
+        timeout: Duration,
+        deadline: Pin<&mut Sleep>,
+    ) -> Result<(), NodeFailure> {
         if self.runs.is_empty() {
             self.answer_flushes();
             return Ok(());
@@ -212,10 +230,10 @@ impl Batch {
                 Err(err) => Err(NodeFailure::from(err)),
             }
         };
-        let replies = match tokio::time::timeout(timeout, call).await {
-            Ok(Ok(replies)) => replies,
-            Ok(Err(failure)) => return Err(failure),
-            Err(_) => return Err(NodeFailure::Timeout(timeout)),
+        let replies = tokio::select! {
+            biased;
+            replies = call => replies?,
+            () = deadline => return Err(NodeFailure::Timeout(timeout)),
         };
         if replies.len() != self.runs.len() {
             return Err(NodeFailure::Reply(redis::RedisError::from((
