@@ -41,6 +41,7 @@ pub async fn scenarios(urls: &[String], redlock: &Redlock, floor: &Floor, ops: u
     println!("load: 5 local redis-server nodes");
     burst(urls, floor).await;
     idle(redlock, floor, ops).await;
+    machine_idle(urls, ops).await;
     extension_cpu(redlock, floor).await;
     held_using(urls).await;
 }
@@ -163,6 +164,61 @@ async fn idle(redlock: &Redlock, floor: &Floor, ops: usize) {
         micros(a.p50),
         micros(f.p50),
         a.p50.as_secs_f64() / f.p50.as_secs_f64()
+    );
+}
+
+/// What idleness costs on this machine without any client library: `PING` to every node (all
+/// sent, then all read) over plain blocking sockets from one thread, back-to-back and after
+/// 100 ms idle. An acquire+release is two such rounds, so its after-idle ratio cannot be
+/// much below this one.
+async fn machine_idle(urls: &[String], ops: usize) {
+    let n = (ops / 25).clamp(40, 200);
+    let addrs: Vec<String> = urls
+        .iter()
+        .map(|u| {
+            u.trim_start_matches("redis://")
+                .trim_end_matches('/')
+                .to_owned()
+        })
+        .collect();
+    let (b, a) = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut socks: Vec<std::net::TcpStream> = addrs
+            .iter()
+            .map(|addr| {
+                let s = std::net::TcpStream::connect(addr).expect("connect for PING");
+                s.set_nodelay(true).expect("nodelay");
+                s
+            })
+            .collect();
+        let mut round = || {
+            let t = Instant::now();
+            for s in &mut socks {
+                s.write_all(b"PING\r\n").expect("PING");
+            }
+            for s in &mut socks {
+                let mut reply = [0u8; 7];
+                s.read_exact(&mut reply).expect("+PONG");
+            }
+            t.elapsed()
+        };
+        let back_to_back: Vec<Duration> = (0..n).map(|_| round()).collect();
+        let after_idle: Vec<Duration> = (0..n)
+            .map(|_| {
+                std::thread::sleep(Duration::from_millis(100));
+                round()
+            })
+            .collect();
+        (stats(back_to_back), stats(after_idle))
+    })
+    .await
+    .expect("PING rounds");
+    println!(
+        "{:<34} {:>14} {:>14} {:>7.2}x",
+        "machine alone: PING x5 idle vs b2b",
+        micros(a.p50),
+        micros(b.p50),
+        a.p50.as_secs_f64() / b.p50.as_secs_f64()
     );
 }
 
