@@ -88,15 +88,18 @@ pub async fn scenario(servers: &Servers, ops: usize) {
     #[cfg(feature = "postgres")]
     let wal_before = postgres::wal_flushes(&pg).await;
     let mut tps: Vec<Vec<f64>> = rows.iter().map(|_| Vec::new()).collect();
+    let mut used: Vec<cpu::Usage> = rows.iter().map(|_| cpu::Usage::default()).collect();
+    let per_task = (ops / PARALLEL).max(20);
     for _ in 0..rounds {
         for (i, &(name, ref redlock)) in rows.iter().enumerate() {
-            let per_task = (ops / PARALLEL).max(20);
             let redlock = redlock.clone();
+            let before = cpu::Usage::now();
             let tp = throughput(per_task, move |r| {
                 let redlock = redlock.clone();
                 async move { lock_once(&redlock, &r).await.expect(name) }
             })
             .await;
+            used[i].add(&before, &cpu::Usage::now());
             tps[i].push(tp);
         }
     }
@@ -139,6 +142,28 @@ pub async fn scenario(servers: &Servers, ops: usize) {
             "-",
             "-",
             "-"
+        );
+    }
+    // Where the cores went: on a machine the servers share with the client, a counter's
+    // server work is taken from the lock rounds.
+    let acquisitions = (rounds * per_task * PARALLEL) as f64;
+    let per_op = |d: Duration| micros(Duration::from_secs_f64(d.as_secs_f64() / acquisitions));
+    println!(
+        "{:<26} {:>10} {:>12} {:>14} {:>12}",
+        "CPU in the 64-way rounds",
+        "cores busy",
+        "client / op",
+        "redis-server / op",
+        "postgres / op"
+    );
+    for (i, (name, _)) in rows.iter().enumerate() {
+        let u = &used[i];
+        println!(
+            "{name:<26} {:>9.0}% {:>12} {:>14} {:>12}",
+            100.0 * u.busy_share(),
+            per_op(u.client),
+            per_op(u.redis),
+            per_op(u.postgres),
         );
     }
     // What one acquisition takes without a counter, and so what a counter may add.

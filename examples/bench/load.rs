@@ -9,22 +9,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 static EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../src/scripts/extend.lua")));
 
-/// This process's CPU time (user + system), from `/proc/self/stat` (clock ticks, 100 Hz).
-fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command name (which is in parentheses and may contain spaces).
-    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name.
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    Duration::from_millis((ticks(11) + ticks(12)) * 10)
-}
-
 /// Resident memory, from `/proc/self/status`.
 fn resident_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -236,13 +220,13 @@ async fn extension_cpu(redlock: &Redlock, floor: &Floor) {
                 .expect("acquire"),
         );
     }
-    let cpu = cpu_time();
+    let before = cpu::own();
     for _ in 0..ROUNDS {
         join_all(locks.iter_mut().map(|l| l.extend(TTL))).await;
     }
-    let ours = cpu_time().saturating_sub(cpu);
+    let ours = cpu::own().saturating_sub(before);
     let tokens: Vec<String> = locks.iter().map(|l| l.token().to_owned()).collect();
-    let cpu = cpu_time();
+    let before = cpu::own();
     let ttl_ms = TTL.as_millis() as u64;
     for _ in 0..ROUNDS {
         join_all((0..LOCKS).map(|i| {
@@ -266,7 +250,7 @@ async fn extension_cpu(redlock: &Redlock, floor: &Floor) {
         }))
         .await;
     }
-    let theirs = cpu_time().saturating_sub(cpu);
+    let theirs = cpu::own().saturating_sub(before);
     join_all(locks.into_iter().map(|l| l.release())).await;
     let per = |d: Duration| d.as_secs_f64() * 1e6 / (LOCKS * ROUNDS) as f64;
     println!(
@@ -318,10 +302,10 @@ async fn held_using(urls: &[String]) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let rss_held = resident_bytes();
-    let cpu = cpu_time();
+    let before = cpu::own();
     let started = Instant::now();
     tokio::time::sleep(WINDOW).await;
-    let core = cpu_time().saturating_sub(cpu).as_secs_f64() / started.elapsed().as_secs_f64();
+    let core = cpu::own().saturating_sub(before).as_secs_f64() / started.elapsed().as_secs_f64();
     let _ = stop_tx.send(true);
     let ok = join_all(scopes)
         .await

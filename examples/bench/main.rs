@@ -247,6 +247,7 @@ async fn main() {
     );
 
     let per_task = (ops / PARALLEL).max(20);
+    let ours_cpu = cpu::Usage::now();
     let ours_tp = {
         let redlock = redlock.clone();
         throughput(per_task, move |r| {
@@ -255,6 +256,9 @@ async fn main() {
         })
         .await
     };
+    let mut ours_used = cpu::Usage::default();
+    ours_used.add(&ours_cpu, &cpu::Usage::now());
+    let floor_cpu = cpu::Usage::now();
     let floor_tp = {
         let floor = Arc::new(floor.clone());
         throughput(per_task, move |r| {
@@ -268,11 +272,42 @@ async fn main() {
         })
         .await
     };
+    let mut floor_used = cpu::Usage::default();
+    floor_used.add(&floor_cpu, &cpu::Usage::now());
     row(
         &format!("{PARALLEL}-way throughput (ops/s)"),
         format!("{ours_tp:.0}"),
         format!("{floor_tp:.0}"),
         ours_tp / floor_tp,
+    );
+    // Both runs do the same number of operations: CPU per operation, where the cores went.
+    let ops_done = (PARALLEL * per_task) as f64;
+    let per_op = |d: Duration| Duration::from_secs_f64(d.as_secs_f64() / ops_done);
+    for (name, a, b) in [
+        (
+            "64-way: client CPU per op",
+            ours_used.client,
+            floor_used.client,
+        ),
+        (
+            "64-way: redis-server CPU per op",
+            ours_used.redis,
+            floor_used.redis,
+        ),
+    ] {
+        let (a, b) = (per_op(a), per_op(b));
+        row(
+            name,
+            micros(a),
+            micros(b),
+            a.as_secs_f64() / b.as_secs_f64().max(1e-12),
+        );
+    }
+    println!(
+        "{:<34} {:>13.0}% {:>13.0}%",
+        "64-way: cores busy",
+        100.0 * ours_used.busy_share(),
+        100.0 * floor_used.busy_share()
     );
 
     // One node behind a proxy that adds 50 ms each way: the majority answers first.
@@ -328,6 +363,7 @@ async fn main() {
     fencing::scenario(&servers, ops).await;
 }
 
+mod cpu;
 mod fencing;
 mod hotspot;
 mod load;
