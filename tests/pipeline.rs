@@ -150,3 +150,69 @@ async fn a_release_runs_after_its_acquire_on_every_node() {
         );
     }
 }
+
+/// The batched script's acquire, by what each key already holds: a free key is taken, a key
+/// that holds our own token (a repeated request) is taken again with a fresh TTL, another
+/// owner's key is refused and left alone, a key of another type is that lock's own error,
+/// and a lock over several keys is all or nothing.
+#[test]
+fn the_batch_script_acquires_each_lock_by_what_its_keys_hold() {
+    let servers = Servers::start(1);
+    let _: () = servers.cmd(0, &["SET", "ours", "tok", "PX", "1000"]);
+    let _: () = servers.cmd(0, &["SET", "theirs", "other"]);
+    let _: i64 = servers.cmd(0, &["HSET", "hash", "field", "value"]);
+    let _: () = servers.cmd(0, &["SET", "multi:b", "other"]);
+    let acquire = |key_count: &'static str| ["a", "tok", "60000", key_count];
+    let mut args = vec![
+        "EVAL",
+        include_str!("../src/scripts/batch.lua"),
+        "7",
+        "free",
+        "ours",
+        "theirs",
+        "hash",
+        "multi:a",
+        "multi:b",
+        "multi:c",
+    ];
+    for count in ["1", "1", "1", "1", "3"] {
+        args.extend(acquire(count));
+    }
+    let replies: Vec<redis::Value> = servers.cmd(0, &args);
+    assert_eq!(replies.len(), 5, "{replies:?}");
+    assert_eq!(replies[0], redis::Value::Int(1), "a free key is taken");
+    assert_eq!(
+        replies[1],
+        redis::Value::Int(1),
+        "our own key is taken again"
+    );
+    assert_eq!(
+        replies[2],
+        redis::Value::Int(0),
+        "another owner's key is refused"
+    );
+    match &replies[3] {
+        redis::Value::BulkString(e) => assert!(
+            String::from_utf8_lossy(e).starts_with("E:WRONGTYPE"),
+            "{replies:?}"
+        ),
+        other => panic!("a hash key is its lock's own error, got {other:?}"),
+    }
+    assert_eq!(
+        replies[4],
+        redis::Value::Int(0),
+        "all or nothing over three keys"
+    );
+    let get = |key: &str| servers.cmd::<Option<String>>(0, &["GET", key]);
+    assert_eq!(get("free").as_deref(), Some("tok"));
+    assert_eq!(get("theirs").as_deref(), Some("other"));
+    assert_eq!(get("multi:a"), None, "nothing of a refused lock is written");
+    assert_eq!(get("multi:c"), None);
+    let pttl: i64 = servers.cmd(0, &["PTTL", "ours"]);
+    assert!(
+        pttl > 30_000,
+        "a repeated acquire refreshes the TTL: {pttl} ms left"
+    );
+    let pttl: i64 = servers.cmd(0, &["PTTL", "free"]);
+    assert!(pttl > 30_000, "a new key gets the TTL: {pttl} ms left");
+}

@@ -12,7 +12,8 @@
 -- has not been heard from for its lease is dropped. "f" grants only the waiter at the head
 -- of every key's queue, then takes it out of line.
 -- A release publishes on "redfence:released:<key>" for each key it deleted, so that waiters
--- retry at once; the message is the waiter now at the head of the key's queue ("" if none).
+-- retry at once; the message is the waiter now at the head of the key's queue for a fair
+-- lock's release ("R"), and "" (every waiter may retry) for a lock that is not fair.
 -- Returns one reply per operation: acquire/extend the number of keys (0 = refused),
 -- release the number of keys deleted, leave 0, or "E:" and the error of that operation alone
 -- (e.g. WRONGTYPE when a key holds a hash).
@@ -40,6 +41,22 @@ local function leave(key, waiter)
 end
 
 local function acquire(first, last, token, ttl, count)
+  -- One key (the usual lock): one SET when the key is free; GET only when it is taken, by
+  -- another owner, by us (a repeated request), or by a key of another type (WRONGTYPE).
+  if first == last then
+    if redis.call("SET", KEYS[first], token, "NX", "PX", ttl) then
+      return count
+    end
+    local value = redis.pcall("GET", KEYS[first])
+    if type(value) == "table" and value.err then
+      return "E:" .. value.err
+    end
+    if value ~= token then
+      return 0
+    end
+    redis.call("SET", KEYS[first], token, "PX", ttl)
+    return count
+  end
   for j = first, last do
     local value = redis.pcall("GET", KEYS[j])
     if type(value) == "table" and value.err then
@@ -130,7 +147,7 @@ while i <= #ARGV do
         -- Notifying is best effort: a user without the permissions for it (an older ACL
         -- line) still releases, and its waiters poll.
         local next = ""
-        if kind == "R" or redis.pcall("EXISTS", KEYS[j] .. QUEUE) == 1 then
+        if kind == "R" then
           now = now or now_ms()
           next = head(KEYS[j], now) or ""
         end
