@@ -190,6 +190,10 @@ pub(crate) async fn try_once(
         })
 }
 
+/// The longest a node keeps a fair waiter in line without hearing from it, however long
+/// the retry delays and the node timeout are.
+const LONGEST_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// An acquisition's place in the fair queue of its keys on every node (fair mode): left on
 /// every node when dropped (the acquisition failed or was cancelled), or handed to the lock
 /// once granted, whose release leaves it.
@@ -208,7 +212,9 @@ impl Place {
                 .longest_delay()
                 .saturating_mul(3)
                 .saturating_add(config.node_timeout)
-                .max(Duration::from_secs(1));
+                .max(Duration::from_secs(1))
+                // Within what the nodes take as an integer (Lua numbers, PEXPIRE).
+                .min(LONGEST_LEASE);
             let since_epoch = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default();

@@ -18,7 +18,7 @@ const LOCKER_RULES: &str = "on >locker-secret resetkeys ~locks:* resetchannels \
                             +pexpire +del +exists +publish +subscribe +unsubscribe";
 
 /// The README's additions for fair mode.
-const FAIR_RULES: &str = "+zadd +zrem +zrange +zrangebyscore +zremrangebyscore +pttl +time";
+const FAIR_RULES: &str = "+zadd +zrem +zrange +zrangebyscore +zremrangebyscore +pttl +time +type";
 
 /// The minimal rules of earlier versions, without release notifications.
 const OLD_LOCKER_RULES: &str = "on >locker-secret resetkeys ~locks:* resetchannels -@all \

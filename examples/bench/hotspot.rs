@@ -167,6 +167,7 @@ const INSIDE_SCRIPTS: &[&str] = &[
     "pttl",
     "time",
     "exists",
+    "type",
 ];
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {

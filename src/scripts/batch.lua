@@ -12,8 +12,7 @@
 -- has not been heard from for its lease is dropped. "f" grants only the waiter at the head
 -- of every key's queue, then takes it out of line.
 -- A release publishes on "redfence:released:<key>" for each key it deleted, so that waiters
--- retry at once; the message is the waiter now at the head of the key's queue for a fair
--- lock's release ("R"), and "" (every waiter may retry) for a lock that is not fair.
+-- retry at once; the message is the waiter now at the head of the key's queue ("" if none).
 -- Returns one reply per operation: acquire/extend the number of keys (0 = refused),
 -- release the number of keys deleted, leave 0, or "E:" and the error of that operation alone
 -- (e.g. WRONGTYPE when a key holds a hash).
@@ -24,20 +23,57 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- The waiter at the head of key's queue, after dropping those whose lease ended.
+-- Whether key's queue and lease sets are sorted sets (or absent). A name that holds another
+-- type (some other lock called "<key>:redfence:queue") makes only this operation fail, never
+-- the whole batch.
+local function queue_ok(key)
+  for _, name in ipairs({key .. QUEUE, key .. ALIVE}) do
+    local t = redis.call("TYPE", name)["ok"]
+    if t ~= "zset" and t ~= "none" then
+      return false
+    end
+  end
+  return true
+end
+
+local function queues_ok(first, last)
+  for j = first, last do
+    if not queue_ok(KEYS[j]) then
+      return false
+    end
+  end
+  return true
+end
+
+-- The waiter at the head of key's queue, after dropping those whose lease ended (in chunks:
+-- unpack has a stack limit of a few thousand values). The caller checked queue_ok.
 local function head(key, now)
   local queue, alive = key .. QUEUE, key .. ALIVE
   local dead = redis.call("ZRANGEBYSCORE", alive, "-inf", now)
+  for c = 1, #dead, 1000 do
+    redis.call("ZREM", queue, unpack(dead, c, math.min(c + 999, #dead)))
+  end
   if #dead > 0 then
-    redis.call("ZREM", queue, unpack(dead))
     redis.call("ZREMRANGEBYSCORE", alive, "-inf", now)
   end
   return redis.call("ZRANGE", queue, 0, 0)[1]
 end
 
 local function leave(key, waiter)
-  redis.call("ZREM", key .. QUEUE, waiter)
-  redis.call("ZREM", key .. ALIVE, waiter)
+  if queue_ok(key) then
+    redis.call("ZREM", key .. QUEUE, waiter)
+    redis.call("ZREM", key .. ALIVE, waiter)
+  end
+end
+
+-- Whether every key of the operation holds token (the repeat of a request that landed).
+local function holds(first, last, token)
+  for j = first, last do
+    if redis.pcall("GET", KEYS[j]) ~= token then
+      return false
+    end
+  end
+  return true
 end
 
 local function acquire(first, last, token, ttl, count)
@@ -91,6 +127,15 @@ while i <= #ARGV do
   k = k + count
   if kind == "a" then
     out[n] = acquire(first, last, token, ttl, count)
+  elseif kind == "f" and not queues_ok(first, last) then
+    out[n] = "E:WRONGTYPE the fair queue of a key of this lock holds another type"
+  elseif kind == "f" and holds(first, last, token) then
+    -- A repeat of a grant that landed (the batch was resent after a lost connection): grant
+    -- again, and stay out of line.
+    out[n] = acquire(first, last, token, ttl, count)
+    for j = first, last do
+      leave(KEYS[j], waiter)
+    end
   elseif kind == "f" then
     now = now or now_ms()
     local ours = true
@@ -147,7 +192,7 @@ while i <= #ARGV do
         -- Notifying is best effort: a user without the permissions for it (an older ACL
         -- line) still releases, and its waiters poll.
         local next = ""
-        if kind == "R" then
+        if (kind == "R" or redis.pcall("EXISTS", KEYS[j] .. QUEUE) == 1) and queue_ok(KEYS[j]) then
           now = now or now_ms()
           next = head(KEYS[j], now) or ""
         end

@@ -1,0 +1,179 @@
+//! The fair queue of `scripts/batch.lua` against a real redis-server, on inputs that once
+//! aborted the whole batched script (so every other lock in the call failed on that node, and
+//! writes made before the error stayed): a queue name that holds another type, thousands of
+//! dead waiters, a huge node timeout; and a resent fair acquire that had already landed.
+
+mod support;
+
+use std::time::Duration;
+
+use redfence::Redlock;
+use support::{Servers, TestRedlock};
+
+const SCRIPT: &str = include_str!("../src/scripts/batch.lua");
+
+/// Runs the batch script on server `i` with `keys` and `args`, returning the raw result.
+fn batch(
+    servers: &Servers,
+    i: usize,
+    keys: &[&str],
+    args: &[&str],
+) -> redis::RedisResult<Vec<redis::Value>> {
+    let client = redis::Client::open(servers.url(i)).expect("client");
+    let mut conn = client.get_connection().expect("connection");
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(SCRIPT).arg(keys.len());
+    for k in keys {
+        cmd.arg(*k);
+    }
+    for a in args {
+        cmd.arg(*a);
+    }
+    cmd.query(&mut conn)
+}
+
+/// A fair acquire on a resource whose queue name holds another type (here a plain string,
+/// e.g. another lock on the resource named `x:redfence:queue`) is that operation's own error,
+/// as a wrong-type resource key is; the locks batched with it are unaffected, and a fair
+/// release of that resource still deletes its key.
+#[test]
+fn a_wrong_type_queue_key_fails_only_its_own_fair_acquire() {
+    let servers = Servers::start(1);
+    let _: () = servers.cmd(0, &["SET", "x:redfence:queue", "someone-else"]);
+    let replies = batch(
+        &servers,
+        0,
+        &["k1", "x", "k2"],
+        &[
+            "a", "tok1", "60000", "1", //
+            "f", "tok2", "60000", "1", "waiter", "1", "5000", //
+            "a", "tok3", "60000", "1",
+        ],
+    );
+    let replies = replies
+        .unwrap_or_else(|e| panic!("the whole batch failed for one fair acquire's queue key: {e}"));
+    assert_eq!(replies.len(), 3, "{replies:?}");
+    assert_eq!(replies[0], redis::Value::Int(1));
+    match &replies[1] {
+        redis::Value::BulkString(e) => assert!(
+            String::from_utf8_lossy(e).starts_with("E:WRONGTYPE"),
+            "{replies:?}"
+        ),
+        other => panic!("the fair acquire's own error, got {other:?}"),
+    }
+    assert_eq!(replies[2], redis::Value::Int(1));
+
+    // A fair lock's release ("R") on such a resource still releases.
+    let _: () = servers.cmd(0, &["SET", "x", "tok2"]);
+    let replies = batch(
+        &servers,
+        0,
+        &["x", "k1"],
+        &[
+            "R", "tok2", "0", "1", "waiter", "1", "5000", //
+            "r", "tok1", "0", "1",
+        ],
+    )
+    .expect("the batch runs");
+    assert_eq!(replies, vec![redis::Value::Int(1), redis::Value::Int(1)]);
+    assert_eq!(servers.cmd::<Option<String>>(0, &["GET", "x"]), None);
+}
+
+/// More dead waiters than Lua's `unpack` takes at once (about 8,000, e.g. as many crashed
+/// processes, or a node's clock stepped past their leases) are all dropped, and the only live
+/// waiter is granted: the queue is not wedged.
+#[test]
+fn many_dead_waiters_do_not_wedge_a_fair_queue() {
+    let servers = Servers::start(1);
+    let client = redis::Client::open(servers.url(0)).expect("client");
+    let mut conn = client.get_connection().expect("connection");
+    let mut queue = redis::cmd("ZADD");
+    queue.arg("hot:redfence:queue");
+    let mut alive = redis::cmd("ZADD");
+    alive.arg("hot:redfence:alive");
+    for n in 0..9_000 {
+        let member = format!("crashed-{n}");
+        queue.arg(1).arg(&member);
+        // Lease ended long ago.
+        alive.arg(1).arg(&member);
+    }
+    let _: i64 = queue.query(&mut conn).expect("ZADD queue");
+    let _: i64 = alive.query(&mut conn).expect("ZADD alive");
+    let _: () = servers.cmd(0, &["PEXPIRE", "hot:redfence:queue", "5000"]);
+    let _: () = servers.cmd(0, &["PEXPIRE", "hot:redfence:alive", "5000"]);
+    let replies = batch(
+        &servers,
+        0,
+        &["hot"],
+        &["f", "tok", "60000", "1", "waiter", "2", "5000"],
+    );
+    let replies = replies.unwrap_or_else(|e| {
+        let card: i64 = servers.cmd(0, &["ZCARD", "hot:redfence:queue"]);
+        panic!("a fair acquire on a free key failed with {card} waiters still queued: {e}")
+    });
+    assert_eq!(
+        replies,
+        vec![redis::Value::Int(1)],
+        "the only live waiter is granted"
+    );
+}
+
+/// Fair mode with a huge `node_timeout` (accepted by `build()`): the waiter's lease is capped
+/// to what the nodes take as an integer, so a free lock is granted, and no queue is left
+/// without a TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_mode_with_a_huge_node_timeout_grants_a_free_lock() {
+    let servers = Servers::start(3);
+    let plain: Redlock = servers
+        .builder()
+        .node_timeout(Duration::MAX)
+        .build()
+        .expect("config");
+    let lock = plain
+        .try_acquire(&["control"], Duration::from_secs(10))
+        .await
+        .expect("the pipeline itself works with a huge node_timeout");
+    lock.release().await.expect("release");
+
+    let fair: Redlock = servers
+        .builder()
+        .fair(true)
+        .node_timeout(Duration::MAX)
+        .build()
+        .expect("config");
+    let result = fair.try_acquire(&["free"], Duration::from_secs(10)).await;
+    assert!(
+        result.is_ok(),
+        "a free key refused in fair mode with a huge node_timeout: {result:?}"
+    );
+    for n in 0..3 {
+        for name in ["free:redfence:queue", "free:redfence:alive"] {
+            let pttl: i64 = servers.cmd(n, &["PTTL", name]);
+            assert!(pttl == -2 || pttl > 0, "{name} on node {n}: PTTL {pttl}");
+        }
+    }
+}
+
+/// A fair acquire resent after a lost connection, when the first one had landed (granted and
+/// out of line), is granted again even though another waiter queued meanwhile: the lock is
+/// ours on that node, and a refusal would keep the clean-up release from deleting it.
+#[test]
+fn a_resent_fair_acquire_that_had_landed_is_granted_again() {
+    let servers = Servers::start(1);
+    let fair = |waiter: &'static str, ticket: &'static str, token: &'static str| {
+        ["f", token, "60000", "1", waiter, ticket, "5000"]
+    };
+    let first = batch(&servers, 0, &["res"], &fair("w-late", "20", "tok")).expect("batch");
+    assert_eq!(first, vec![redis::Value::Int(1)], "a free key is granted");
+    // Another waiter, with an earlier ticket, queues behind the holder.
+    let other = batch(&servers, 0, &["res"], &fair("w-early", "10", "tok-other")).expect("batch");
+    assert_eq!(other, vec![redis::Value::Int(0)], "the key is held");
+    let again = batch(&servers, 0, &["res"], &fair("w-late", "20", "tok")).expect("batch");
+    assert_eq!(again, vec![redis::Value::Int(1)], "the repeat is granted");
+    let queue: Vec<String> = servers.cmd(0, &["ZRANGE", "res:redfence:queue", "0", "-1"]);
+    assert_eq!(
+        queue,
+        vec!["w-early".to_owned()],
+        "the repeat stays out of line"
+    );
+}
