@@ -5,7 +5,7 @@ mod support;
 use std::time::Duration;
 
 use redfence::{Error, InvalidInput, KeyState, NodeFailure, TOKEN_PREFIX_LEN};
-use support::{Servers, TestRedlock};
+use support::{Servers, TestRedlock, eventually};
 
 #[tokio::test]
 async fn inspect_reports_each_node_and_the_quorum_view() {
@@ -20,6 +20,12 @@ async fn inspect_reports_each_node_and_the_quorum_view() {
         .acquire(&["job"], Duration::from_secs(20))
         .await
         .expect("acquire");
+    // The acquire returns at the majority: let the last nodes' calls land first, so that
+    // the DEL below is not overtaken by one.
+    assert!(
+        eventually(|| servers.holders("locks:job", lock.token(), 0..5).len() == 5).await,
+        "the key reached every node"
+    );
     // Node 4 loses its key, node 3 dies, and "other" holds a hash on node 0.
     let _: i64 = servers.cmd(4, &["DEL", "locks:job"]);
     servers.kill(3);
