@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use futures::future::BoxFuture;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, Row};
+use tokio_postgres::{Client, Row, Statement};
 
 use super::sql::CounterSql;
 use super::{chain, create_if_absent};
@@ -44,6 +44,17 @@ pub(super) struct PgIssuer {
     pub(super) table: String,
     pub(super) sql: CounterSql,
     pub(super) create_table: bool,
+    /// Whether the hot statements are prepared (see `PostgresCounter::prepare_statements`).
+    pub(super) prepare: bool,
+    /// The hot statements, prepared on the connection in use.
+    pub(super) prepared: Arc<Mutex<Option<Arc<Prepared>>>>,
+}
+
+/// Statements parsed and planned once on one connection, instead of once per batch.
+pub(super) struct Prepared {
+    client: Arc<Client>,
+    single: Statement,
+    distinct: Statement,
 }
 
 impl IssueBatch for PgIssuer {
@@ -117,6 +128,11 @@ impl PgIssuer {
                 Ok(tokens) => return Ok(tokens),
                 Err(error) => error,
             };
+            // Prepare afresh after any failure (a table dropped and made again, a pooler
+            // that lost the statements).
+            if let Ok(mut cache) = self.prepared.lock() {
+                *cache = None;
+            }
             let closed = error.source.as_ref().is_some_and(|e| e.is_closed());
             if closed && !reconnected && matches!(*self.source, Source::Owned(_)) {
                 // The connection died (e.g. the server restarted): reconnect once.
@@ -135,14 +151,46 @@ impl PgIssuer {
                 {
                     transient += 1;
                 }
+                Some(&SqlState::INVALID_SQL_STATEMENT_NAME) if self.prepare => {
+                    return Err(error.hint(
+                        "a pooler between redfence and PostgreSQL lost the prepared statement \
+                         (PgBouncer in transaction mode?): use \
+                         PostgresCounter::prepare_statements(false)",
+                    ));
+                }
                 _ => return Err(error),
             }
         }
     }
 
+    /// The hot statements on `client`, prepared on first use of that connection.
+    async fn prepared(&self, client: &Arc<Client>) -> Result<Arc<Prepared>, tokio_postgres::Error> {
+        if let Ok(cache) = self.prepared.lock()
+            && let Some(prepared) = cache.as_ref()
+            && Arc::ptr_eq(&prepared.client, client)
+        {
+            return Ok(Arc::clone(prepared));
+        }
+        let single = client
+            .prepare_typed(&self.sql.single, &[Type::TEXT])
+            .await?;
+        let distinct = client
+            .prepare_typed(&self.sql.distinct, &[Type::TEXT_ARRAY])
+            .await?;
+        let prepared = Arc::new(Prepared {
+            client: Arc::clone(client),
+            single,
+            distinct,
+        });
+        if let Ok(mut cache) = self.prepared.lock() {
+            *cache = Some(Arc::clone(&prepared));
+        }
+        Ok(prepared)
+    }
+
     async fn issue_on(
         &self,
-        client: &Client,
+        client: &Arc<Client>,
         requests: &[&[String]],
     ) -> Result<Vec<u64>, CounterError> {
         if requests.iter().all(|names| names.len() == 1) {
@@ -156,23 +204,39 @@ impl PgIssuer {
     /// statement that fits: one request, distinct resources, or any.
     async fn singles(
         &self,
-        client: &Client,
+        client: &Arc<Client>,
         requests: &[&[String]],
     ) -> Result<Vec<u64>, CounterError> {
         let names: Vec<&str> = requests
             .iter()
             .filter_map(|names| names.first().map(String::as_str))
             .collect();
-        if let [name] = names[..] {
-            let row = client
-                .query_typed_one(&self.sql.single, &[(&name, Type::TEXT)])
+        let prepared = if self.prepare {
+            let prepared = self
+                .prepared(client)
                 .await
-                .map_err(|err| CounterError::pg(self.step("incrementing", requests), err))?;
+                .map_err(|err| CounterError::pg(self.step("preparing", requests), err))?;
+            Some(prepared)
+        } else {
+            None
+        };
+        if let [name] = names[..] {
+            let row = match &prepared {
+                Some(prepared) => client.query_one(&prepared.single, &[&name]).await,
+                None => {
+                    client
+                        .query_typed_one(&self.sql.single, &[(&name, Type::TEXT)])
+                        .await
+                }
+            }
+            .map_err(|err| CounterError::pg(self.step("incrementing", requests), err))?;
             return Ok(vec![token(&row, 0, &self.step("reading", requests))?]);
         }
         let distinct: BTreeSet<&str> = names.iter().copied().collect();
         if distinct.len() == names.len() {
-            return self.distinct(client, requests, &names).await;
+            return self
+                .distinct(client, prepared.as_deref(), requests, &names)
+                .await;
         }
         let rows = client
             .query_typed(&self.sql.singles, &[(&names, Type::TEXT_ARRAY)])
@@ -205,13 +269,19 @@ impl PgIssuer {
     async fn distinct(
         &self,
         client: &Client,
+        prepared: Option<&Prepared>,
         requests: &[&[String]],
         names: &[&str],
     ) -> Result<Vec<u64>, CounterError> {
-        let rows = client
-            .query_typed(&self.sql.distinct, &[(&names, Type::TEXT_ARRAY)])
-            .await
-            .map_err(|err| CounterError::pg(self.step("incrementing", requests), err))?;
+        let rows = match prepared {
+            Some(prepared) => client.query(&prepared.distinct, &[&names]).await,
+            None => {
+                client
+                    .query_typed(&self.sql.distinct, &[(&names, Type::TEXT_ARRAY)])
+                    .await
+            }
+        }
+        .map_err(|err| CounterError::pg(self.step("incrementing", requests), err))?;
         let mut tokens: HashMap<String, u64> = HashMap::with_capacity(rows.len());
         for row in &rows {
             let resource: String = row
@@ -360,6 +430,12 @@ impl CounterError {
             detail: detail.into(),
             source: None,
         }
+    }
+
+    /// The same error, with what to do about it.
+    fn hint(mut self, hint: &str) -> Self {
+        self.detail = format!("{}; {hint}", self.detail);
+        self
     }
 
     fn pg(step: impl Into<String>, err: tokio_postgres::Error) -> Self {

@@ -217,3 +217,68 @@ async fn a_resource_name_with_nul_is_refused_before_any_traffic() {
         .get(0);
     assert_eq!(table, None);
 }
+
+/// The counter prepares its statements once per connection: a table dropped and made again
+/// behind its back (here with another column first, so the old plans no longer fit) costs
+/// at most one failed request, and the next one is served from the new table.
+#[tokio::test]
+async fn a_counter_table_dropped_and_made_again_keeps_serving_tokens() {
+    let pg = Postgres::start();
+    let counter = PostgresCounter::connect(&pg.url()).expect("config");
+    assert_eq!(next(&counter, &["a"]).await, 1);
+    assert_eq!(next(&counter, &["a"]).await, 2);
+    let admin = pg.client().await;
+    admin
+        .batch_execute(
+            "DROP TABLE redfence_fences; \
+             CREATE TABLE redfence_fences \
+                 (note text, resource text PRIMARY KEY, last_fence bigint NOT NULL); \
+             INSERT INTO redfence_fences (resource, last_fence) VALUES ('a', 40)",
+        )
+        .await
+        .expect("replace the table");
+    // The first request may fail on its stale statement (the lock manager then fails
+    // closed); the next is served from the new table.
+    let first = counter.next_fence(&crate::names(&["a"])).await;
+    let token = match first {
+        Ok(token) => token,
+        Err(_) => next(&counter, &["a"]).await,
+    };
+    assert_eq!(token, 41, "the token comes from the new table");
+}
+
+/// Prepared (the default) or sent unprepared (for a pooler in transaction mode), the counter
+/// issues the same tokens: alone, and in batches of distinct and of repeated resources.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_and_unprepared_statements_issue_the_same_tokens() {
+    let pg = Postgres::start();
+    for (table, prepare) in [("prepared", true), ("unprepared", false)] {
+        let counter = Arc::new(
+            PostgresCounter::connect(&pg.url())
+                .expect("config")
+                .table(table)
+                .prepare_statements(prepare),
+        );
+        assert_eq!(next(&counter, &["a"]).await, 1, "{table}");
+        let resources = ["a", "b", "c", "d"];
+        let tokens = futures::future::join_all((0..64).map(|i| {
+            let counter = Arc::clone(&counter);
+            async move {
+                let resource = resources[i % resources.len()];
+                (resource, next(&counter, &[resource]).await)
+            }
+        }))
+        .await;
+        for resource in resources {
+            let mut got: Vec<u64> = tokens
+                .iter()
+                .filter(|(r, _)| *r == resource)
+                .map(|(_, t)| *t)
+                .collect();
+            got.sort_unstable();
+            let first = if resource == "a" { 2 } else { 1 };
+            let expected: Vec<u64> = (first..first + 16).collect();
+            assert_eq!(got, expected, "{table}: tokens of {resource}");
+        }
+    }
+}
