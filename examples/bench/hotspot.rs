@@ -304,14 +304,7 @@ fn node_redlock(urls: &[String]) -> Option<serde_json::Value> {
         );
         return None;
     }
-    let nodes: Vec<String> = urls
-        .iter()
-        .map(|u| {
-            u.trim_start_matches("redis://")
-                .trim_end_matches('/')
-                .to_owned()
-        })
-        .collect();
+    let nodes: Vec<String> = urls.iter().map(|u| host_port(u)).collect();
     let out = std::process::Command::new("bash")
         .arg(&script)
         .arg("node")

@@ -157,14 +157,7 @@ async fn idle(redlock: &Redlock, floor: &Floor, ops: usize) {
 /// much below this one.
 async fn machine_idle(urls: &[String], ops: usize) {
     let n = (ops / 25).clamp(40, 200);
-    let addrs: Vec<String> = urls
-        .iter()
-        .map(|u| {
-            u.trim_start_matches("redis://")
-                .trim_end_matches('/')
-                .to_owned()
-        })
-        .collect();
+    let addrs: Vec<String> = urls.iter().map(|u| host_port(u)).collect();
     let (b, a) = tokio::task::spawn_blocking(move || {
         use std::io::{Read, Write};
         let mut socks: Vec<std::net::TcpStream> = addrs

@@ -171,6 +171,13 @@ fn bench_nodes() -> Option<Vec<String>> {
     Some(urls)
 }
 
+/// The `host:port` of a `redis://host:port` URL.
+fn host_port(url: &str) -> String {
+    url.trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .to_owned()
+}
+
 /// The port of a `redis://host:port` URL.
 fn port_of(url: &str) -> u16 {
     url.rsplit(':')
