@@ -54,6 +54,14 @@ pub async fn scenario(servers: &Servers, ops: usize) {
             "PostgresCounter",
             builder().fencing(counter()).build().expect("config"),
         ));
+        // Over this direct connection, statements may be prepared (the opt-in).
+        rows.push((
+            "PostgresCounter prepared",
+            builder()
+                .fencing(counter().prepare_statements(true))
+                .build()
+                .expect("config"),
+        ));
         // Sequential only: a bare commit round trip as the counter, no batching (the floor of
         // a durable token where a lock takes it).
         seq_only.push((
@@ -210,6 +218,15 @@ pub async fn scenario(servers: &Servers, ops: usize) {
                 micros(floor),
                 floor.as_secs_f64() / commit.p50.as_secs_f64(),
             );
+            if let Some(prepared) = at("PostgresCounter prepared") {
+                let overhead = seq[prepared].p50.saturating_sub(seq[none].p50);
+                println!(
+                    "PostgreSQL: with prepared statements, fenced acquire+release p50 overhead \
+                     {} ({:.2}x one commit round trip)",
+                    micros(overhead),
+                    overhead.as_secs_f64() / commit.p50.as_secs_f64(),
+                );
+            }
             let (token, commit) = postgres::token_and_commit(&pg, ops.min(1_000)).await;
             println!(
                 "PostgreSQL: PostgresCounter::next_fence alone p50 {} ({:.2}x one commit round \

@@ -69,10 +69,10 @@ pub(crate) const DEFAULT_POSTGRES_FENCE_TIMEOUT: Duration = Duration::from_secs(
 /// token of every one of its resources, and tokens of one resource increase in arrival
 /// order (a resource's tokens may skip numbers; only their order matters).
 ///
-/// The single-resource statements are prepared once per connection; with
-/// [`prepare_statements(false)`](Self::prepare_statements) every statement is sent
-/// unprepared with typed parameters (`query_typed`), which works through PgBouncer in
-/// transaction mode and leaves no prepared statement behind. Each is one autocommit
+/// Statements are sent unprepared with typed parameters (`query_typed`), so they work
+/// through PgBouncer in transaction mode and leave no prepared statement behind; over a
+/// direct connection, [`prepare_statements(true)`](Self::prepare_statements) prepares the
+/// single-resource ones once per connection (less server CPU per token). Each is one autocommit
 /// transaction at the session's isolation level; serialization failures and deadlocks (from
 /// a stricter `default_transaction_isolation`) are retried up to three times.
 ///
@@ -205,7 +205,7 @@ impl PostgresCounter {
             table: DEFAULT_FENCE_TABLE.to_owned(),
             sql: CounterSql::new(DEFAULT_FENCE_TABLE),
             create_table: true,
-            prepare: true,
+            prepare: false,
             prepared: Arc::default(),
         };
         Self::with_issuer(issuer, DEFAULT_POSTGRES_FENCE_TIMEOUT)
@@ -247,13 +247,17 @@ impl PostgresCounter {
         self.reconfigured(|issuer| issuer.create_table = create)
     }
 
-    /// Whether the hot statements are prepared once per connection (parsed and planned once,
-    /// not per batch). Defaults to `true`: measured on a local PostgreSQL 15, it takes a
-    /// quarter of the server's CPU per token and brings a sequential token within one commit
-    /// round trip. Turn it off behind a pooler that loses named prepared statements between
-    /// transactions (PgBouncer in transaction mode before 1.21, or with
-    /// `max_prepared_statements = 0`): statements are then sent unprepared with typed
-    /// parameters, and no prepared statement is left behind.
+    /// Whether the single-resource statements are prepared once per connection (parsed and
+    /// planned once, not per batch). Defaults to `false`: each statement is sent unprepared
+    /// with typed parameters, which is right behind any pooler.
+    ///
+    /// Turn it on only over a direct connection to PostgreSQL, or a pooler in session mode:
+    /// measured on a local PostgreSQL 15, it takes a quarter off the server's CPU per token
+    /// and brings a sequential token within one commit round trip. Behind a pooler in
+    /// transaction mode (PgBouncer before 1.21, or with `max_prepared_statements = 0`) a
+    /// statement is named only by its number within this process, so the pooler may run it on
+    /// a server connection where another client's statement has the same name: that can fail,
+    /// or return that statement's number as a token, which fencing cannot survive.
     #[must_use]
     pub fn prepare_statements(self, prepare: bool) -> Self {
         self.reconfigured(|issuer| issuer.prepare = prepare)

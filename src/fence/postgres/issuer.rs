@@ -66,6 +66,10 @@ impl IssueBatch for PgIssuer {
     }
 
     fn reset(&self) {
+        // Statements belong to the connection that goes.
+        if let Ok(mut cache) = self.prepared.lock() {
+            *cache = None;
+        }
         // A socket to a vanished server may never report itself closed: start afresh.
         if let Source::Owned(connector) = &*self.source
             && let Ok(mut current) = connector.current.lock()
@@ -151,11 +155,13 @@ impl PgIssuer {
                 {
                     transient += 1;
                 }
-                Some(&SqlState::INVALID_SQL_STATEMENT_NAME) if self.prepare => {
+                Some(&SqlState::INVALID_SQL_STATEMENT_NAME | &SqlState::DUPLICATE_PSTATEMENT)
+                    if self.prepare =>
+                {
                     return Err(error.hint(
-                        "a pooler between redfence and PostgreSQL lost the prepared statement \
-                         (PgBouncer in transaction mode?): use \
-                         PostgresCounter::prepare_statements(false)",
+                        "prepared statements need one server session per connection (a pooler \
+                         in transaction mode mixes them): use \
+                         PostgresCounter::prepare_statements(false), the default",
                     ));
                 }
                 _ => return Err(error),
@@ -211,7 +217,9 @@ impl PgIssuer {
             .iter()
             .filter_map(|names| names.first().map(String::as_str))
             .collect();
-        let prepared = if self.prepare {
+        let distinct: BTreeSet<&str> = names.iter().copied().collect();
+        // Only the single and distinct statements are prepared (the others are rarer).
+        let prepared = if self.prepare && distinct.len() == names.len() {
             let prepared = self
                 .prepared(client)
                 .await
@@ -232,7 +240,6 @@ impl PgIssuer {
             .map_err(|err| CounterError::pg(self.step("incrementing", requests), err))?;
             return Ok(vec![token(&row, 0, &self.step("reading", requests))?]);
         }
-        let distinct: BTreeSet<&str> = names.iter().copied().collect();
         if distinct.len() == names.len() {
             return self
                 .distinct(client, prepared.as_deref(), requests, &names)
