@@ -59,11 +59,10 @@ local function head(key, now)
   return redis.call("ZRANGE", queue, 0, 0)[1]
 end
 
+-- Takes waiter out of key's queue. The caller checked queue_ok.
 local function leave(key, waiter)
-  if queue_ok(key) then
-    redis.call("ZREM", key .. QUEUE, waiter)
-    redis.call("ZREM", key .. ALIVE, waiter)
-  end
+  redis.call("ZREM", key .. QUEUE, waiter)
+  redis.call("ZREM", key .. ALIVE, waiter)
 end
 
 -- Whether every key of the operation holds token (the repeat of a request that landed).
@@ -131,11 +130,12 @@ while i <= #ARGV do
     out[n] = "E:WRONGTYPE the fair queue of a key of this lock holds another type"
   elseif kind == "f" and holds(first, last, token) then
     -- A repeat of a grant that landed (the batch was resent after a lost connection): grant
-    -- again, and stay out of line.
-    out[n] = acquire(first, last, token, ttl, count)
+    -- again with a fresh TTL, and stay out of line.
     for j = first, last do
+      redis.call("SET", KEYS[j], token, "PX", ttl)
       leave(KEYS[j], waiter)
     end
+    out[n] = count
   elseif kind == "f" then
     now = now or now_ms()
     local ours = true
@@ -164,7 +164,9 @@ while i <= #ARGV do
     end
   elseif kind == "l" then
     for j = first, last do
-      leave(KEYS[j], waiter)
+      if queue_ok(KEYS[j]) then
+        leave(KEYS[j], waiter)
+      end
     end
     out[n] = 0
   elseif kind == "e" then
@@ -184,7 +186,9 @@ while i <= #ARGV do
   else
     local deleted = 0
     for j = first, last do
-      if kind == "R" then
+      -- A fair lock's own queue, when usable (see queue_ok).
+      local in_line = kind == "R" and queue_ok(KEYS[j])
+      if in_line then
         leave(KEYS[j], waiter)
       end
       if redis.pcall("GET", KEYS[j]) == token then
@@ -192,7 +196,8 @@ while i <= #ARGV do
         -- Notifying is best effort: a user without the permissions for it (an older ACL
         -- line) still releases, and its waiters poll.
         local next = ""
-        if (kind == "R" or redis.pcall("EXISTS", KEYS[j] .. QUEUE) == 1) and queue_ok(KEYS[j]) then
+        if in_line or (kind ~= "R" and redis.pcall("EXISTS", KEYS[j] .. QUEUE) == 1
+            and queue_ok(KEYS[j])) then
           now = now or now_ms()
           next = head(KEYS[j], now) or ""
         end

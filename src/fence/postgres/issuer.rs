@@ -67,9 +67,7 @@ impl IssueBatch for PgIssuer {
 
     fn reset(&self) {
         // Statements belong to the connection that goes.
-        if let Ok(mut cache) = self.prepared.lock() {
-            *cache = None;
-        }
+        self.forget_prepared();
         // A socket to a vanished server may never report itself closed: start afresh.
         if let Source::Owned(connector) = &*self.source
             && let Ok(mut current) = connector.current.lock()
@@ -134,9 +132,7 @@ impl PgIssuer {
             };
             // Prepare afresh after any failure (a table dropped and made again, a pooler
             // that lost the statements).
-            if let Ok(mut cache) = self.prepared.lock() {
-                *cache = None;
-            }
+            self.forget_prepared();
             let closed = error.source.as_ref().is_some_and(|e| e.is_closed());
             if closed && !reconnected && matches!(*self.source, Source::Owned(_)) {
                 // The connection died (e.g. the server restarted): reconnect once.
@@ -166,6 +162,13 @@ impl PgIssuer {
                 }
                 _ => return Err(error),
             }
+        }
+    }
+
+    /// Drops the prepared statements: the next batch that needs them prepares them again.
+    fn forget_prepared(&self) {
+        if let Ok(mut cache) = self.prepared.lock() {
+            *cache = None;
         }
     }
 
