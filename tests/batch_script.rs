@@ -1,7 +1,8 @@
-//! The fair queue of `scripts/batch.lua` against a real redis-server, on inputs that once
-//! aborted the whole batched script (so every other lock in the call failed on that node, and
-//! writes made before the error stayed): a queue name that holds another type, thousands of
-//! dead waiters, a huge node timeout; and a resent fair acquire that had already landed.
+//! `scripts/batch.lua` run straight on a real redis-server: each acquire by what its keys
+//! already hold, and the fair queue on inputs that once aborted the whole batched script (so
+//! every other lock in the call failed on that node, and writes made before the error
+//! stayed): a queue name that holds another type, thousands of dead waiters, a huge node
+//! timeout; and a resent fair acquire that had already landed.
 
 mod support;
 
@@ -176,4 +177,61 @@ fn a_resent_fair_acquire_that_had_landed_is_granted_again() {
         vec!["w-early".to_owned()],
         "the repeat stays out of line"
     );
+}
+
+/// The batched script's acquire, by what each key already holds: a free key is taken, a key
+/// that holds our own token (a repeated request) is taken again with a fresh TTL, another
+/// owner's key is refused and left alone, a key of another type is that lock's own error,
+/// and a lock over several keys is all or nothing.
+#[test]
+fn the_batch_script_acquires_each_lock_by_what_its_keys_hold() {
+    let servers = Servers::start(1);
+    let _: () = servers.cmd(0, &["SET", "ours", "tok", "PX", "1000"]);
+    let _: () = servers.cmd(0, &["SET", "theirs", "other"]);
+    let _: i64 = servers.cmd(0, &["HSET", "hash", "field", "value"]);
+    let _: () = servers.cmd(0, &["SET", "multi:b", "other"]);
+    let keys = [
+        "free", "ours", "theirs", "hash", "multi:a", "multi:b", "multi:c",
+    ];
+    let mut args = Vec::new();
+    for count in ["1", "1", "1", "1", "3"] {
+        args.extend(["a", "tok", "60000", count]);
+    }
+    let replies = batch(&servers, 0, &keys, &args).expect("the batch runs");
+    assert_eq!(replies.len(), 5, "{replies:?}");
+    assert_eq!(replies[0], redis::Value::Int(1), "a free key is taken");
+    assert_eq!(
+        replies[1],
+        redis::Value::Int(1),
+        "our own key is taken again"
+    );
+    assert_eq!(
+        replies[2],
+        redis::Value::Int(0),
+        "another owner's key is refused"
+    );
+    match &replies[3] {
+        redis::Value::BulkString(e) => assert!(
+            String::from_utf8_lossy(e).starts_with("E:WRONGTYPE"),
+            "{replies:?}"
+        ),
+        other => panic!("a hash key is its lock's own error, got {other:?}"),
+    }
+    assert_eq!(
+        replies[4],
+        redis::Value::Int(0),
+        "all or nothing over three keys"
+    );
+    let get = |key: &str| servers.cmd::<Option<String>>(0, &["GET", key]);
+    assert_eq!(get("free").as_deref(), Some("tok"));
+    assert_eq!(get("theirs").as_deref(), Some("other"));
+    assert_eq!(get("multi:a"), None, "nothing of a refused lock is written");
+    assert_eq!(get("multi:c"), None);
+    let pttl: i64 = servers.cmd(0, &["PTTL", "ours"]);
+    assert!(
+        pttl > 30_000,
+        "a repeated acquire refreshes the TTL: {pttl} ms left"
+    );
+    let pttl: i64 = servers.cmd(0, &["PTTL", "free"]);
+    assert!(pttl > 30_000, "a new key gets the TTL: {pttl} ms left");
 }
