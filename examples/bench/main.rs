@@ -263,8 +263,7 @@ async fn main() {
         })
         .await
     };
-    let mut ours_used = cpu::Usage::default();
-    ours_used.add(&ours_cpu, &cpu::Usage::now());
+    let ours_used = cpu::Usage::since(&ours_cpu);
     let floor_cpu = cpu::Usage::now();
     let floor_tp = {
         let floor = Arc::new(floor.clone());
@@ -279,8 +278,7 @@ async fn main() {
         })
         .await
     };
-    let mut floor_used = cpu::Usage::default();
-    floor_used.add(&floor_cpu, &cpu::Usage::now());
+    let floor_used = cpu::Usage::since(&floor_cpu);
     row(
         &format!("{PARALLEL}-way throughput (ops/s)"),
         format!("{ours_tp:.0}"),
