@@ -2,11 +2,13 @@
 //! session holds: tokens per resource in arrival order, a batch cut off by a crash, a
 //! cancelled acquisition, repeats and multi-resource requests in one batch.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redfence::tokio_postgres::Client;
 use redfence::{Error, FencingCounter, PostgresCounter};
+use tokio::task::JoinHandle;
 
 use super::next;
 use crate::support::postgres::Postgres;
@@ -70,6 +72,36 @@ fn patient(servers: &Servers, counter: PostgresCounter) -> redfence::Redlock {
         .node_timeout(Duration::from_millis(500))
         .build()
         .expect("config")
+}
+
+/// Takes and releases each resource once (so its row exists): the token each got.
+async fn prime(redlock: &redfence::Redlock, resources: &[&str]) -> HashMap<String, u64> {
+    let mut tokens = HashMap::new();
+    for &r in resources {
+        let lock = redlock.acquire(&[r], LONG).await.expect("prime");
+        tokens.insert(r.to_owned(), lock.fence().expect("fence"));
+        lock.release().await.expect("release");
+    }
+    tokens
+}
+
+/// Batch 1, held in the server: the gate's row is locked by another session and an
+/// acquisition of "gate" waits on it, so the requests made next queue behind it as one batch.
+/// Returns that session (COMMIT lets batch 1 through) and the waiting acquisition.
+async fn gate_batch(
+    pg: &Postgres,
+    redlock: &redfence::Redlock,
+) -> (Client, JoinHandle<Result<redfence::Lock, Error>>) {
+    let gate = hold_rows(pg, &["gate"]).await;
+    let first = tokio::spawn({
+        let redlock = redlock.clone();
+        async move { redlock.acquire(&["gate"], LONG).await }
+    });
+    assert!(
+        lock_waiters(pg, 1).await,
+        "batch 1 did not reach the server"
+    );
+    (gate, first)
 }
 
 const LONG: Duration = Duration::from_secs(30);
@@ -148,23 +180,11 @@ async fn a_batch_cut_off_by_a_crash_fails_every_lock_in_it() {
     let counter = PostgresCounter::connect(&pg.url()).expect("config");
     let redlock = patient(&servers, counter);
     let batch: Vec<String> = (0..8).map(|i| format!("job:{i}")).collect();
-    let mut handed_out = std::collections::HashMap::new();
-    for r in batch.iter().map(String::as_str).chain(["gate"]) {
-        let lock = redlock.acquire(&[r], LONG).await.expect("prime");
-        handed_out.insert(r.to_owned(), lock.fence().expect("fence"));
-        lock.release().await.expect("release");
-    }
+    let primed: Vec<&str> = batch.iter().map(String::as_str).chain(["gate"]).collect();
+    let mut handed_out = prime(&redlock, &primed).await;
 
     // Batch 1 (the gate) waits in the server; the eight queue behind it.
-    let gate = hold_rows(&pg, &["gate"]).await;
-    let first = tokio::spawn({
-        let redlock = redlock.clone();
-        async move { redlock.acquire(&["gate"], LONG).await }
-    });
-    assert!(
-        lock_waiters(&pg, 1).await,
-        "batch 1 did not reach the server"
-    );
+    let (gate, first) = gate_batch(&pg, &redlock).await;
     let held = hold_rows(&pg, &["job:3"]).await;
     let cut: Vec<_> = batch
         .iter()
@@ -228,22 +248,9 @@ async fn a_cancelled_acquisition_skips_its_token_and_spares_its_batch() {
     let counter = PostgresCounter::connect(&pg.url()).expect("config");
     let redlock = patient(&servers, counter);
     let resources = ["c:1", "c:2", "c:3", "c:4", "gate"];
-    let mut before = std::collections::HashMap::new();
-    for r in resources {
-        let lock = redlock.acquire(&[r], LONG).await.expect("prime");
-        before.insert(r, lock.fence().expect("fence"));
-        lock.release().await.expect("release");
-    }
+    let before = prime(&redlock, &resources).await;
 
-    let gate = hold_rows(&pg, &["gate"]).await;
-    let first = tokio::spawn({
-        let redlock = redlock.clone();
-        async move { redlock.acquire(&["gate"], LONG).await }
-    });
-    assert!(
-        lock_waiters(&pg, 1).await,
-        "batch 1 did not reach the server"
-    );
+    let (gate, first) = gate_batch(&pg, &redlock).await;
     let held = hold_rows(&pg, &["c:1"]).await;
     let spawn = |r: &'static str| {
         let redlock = redlock.clone();
