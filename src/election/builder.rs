@@ -11,11 +11,11 @@ use crate::inner::{Shared, validate_ttl};
 use crate::quorum;
 
 /// Default [`lease`](ElectionBuilder::lease): 15 s (client-go's usual value).
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(15);
+const DEFAULT_LEASE: Duration = Duration::from_secs(15);
 /// Default [`renew_deadline`](ElectionBuilder::renew_deadline): 10 s.
-pub const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(10);
+const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(10);
 /// Default [`retry_period`](ElectionBuilder::retry_period): 2 s.
-pub const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(2);
+const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(2);
 
 /// A callback run with the leader of a term.
 pub(super) type Hook = Arc<dyn Fn(&Leader) + Send + Sync>;

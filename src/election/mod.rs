@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use futures::Stream;
 
-pub use builder::{DEFAULT_LEASE, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD, ElectionBuilder};
+pub use builder::ElectionBuilder;
 pub use identity::default_identity;
 pub use leadership::Leadership;
 
