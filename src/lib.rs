@@ -69,7 +69,7 @@ mod address;
 mod builder;
 mod clock;
 mod config;
-pub mod election;
+mod election;
 mod error;
 mod events;
 pub mod fence;
@@ -89,7 +89,7 @@ mod trace;
 mod using;
 
 pub use builder::RedlockBuilder;
-pub use election::{Election, ElectionBuilder, Leader, Leadership};
+pub use election::{Election, ElectionBuilder, Leader, Leadership, default_identity};
 pub use error::{
     BoxError, ConfigError, Error, FencingError, InvalidInput, LossReason, NodeError, NodeFailure,
     RenewalLimit,

@@ -382,11 +382,11 @@ impl Redlock {
     }
 
     /// A candidate in the leader election `name`, with `identity` (`None`: the host name
-    /// plus a random UUID, see [`default_identity`](crate::election::default_identity)).
+    /// plus a random UUID, see [`default_identity`](crate::default_identity)).
     /// Set its lease, renew deadline and retry period on the returned builder, `build()` it,
     /// then [`run`](crate::Election::run) it; the election's lock is the resource
     /// `election:{NAME}` and its term the lock's fencing token, so the `Redlock` needs a
-    /// fencing counter. See [`crate::election`].
+    /// fencing counter. See [`Election`](crate::Election) for how it works.
     ///
     /// ```no_run
     /// # async fn run(redlock: redfence::Redlock) -> Result<(), redfence::Error> {

@@ -1,23 +1,5 @@
-//! Leader election with terms: [`Redlock::election`](crate::Redlock::election).
-//!
-//! A candidate campaigns by trying to take a lock on the resource `election:{NAME}` (the
-//! Redis key is the builder's key prefix, then that name; the braces make it a Redis
-//! Cluster hash tag). The candidate that gets it leads, with the lock's **fencing token as
-//! its term**: terms strictly increase from one leader to the next, so the storage the
-//! leader writes to can reject a deposed leader's late writes (see [`crate::fence`]).
-//!
-//! While it leads, a renewal loop extends the lock to `lease` every `retry_period`. When
-//! renewal has failed for `renew_deadline` (measured from the start of the last successful
-//! round), the [`Leadership`] signal fires — `lease − renew_deadline` before the lease can run
-//! out, never after — and the leader steps down. The timing rule is client-go's:
-//! `lease > renew_deadline > 1.2 × retry_period`.
-//!
-//! Beside the lock, the leader keeps a record at `election:{NAME}:leader` (plus the key
-//! prefix): `"{term} {token} {identity}"`, written on every node whose lock key still holds
-//! its token, with the lease as TTL, re-armed after every renewal and deleted when it steps
-//! down. [`Election::leader`] counts a node's record only if its token matches the lock key
-//! on that node, so a stale record never names a leader. The lock's own value stays the
-//! random token: plain locks keep the node-redlock wire format.
+//! Leader election with terms: [`Redlock::election`](crate::Redlock::election) and
+//! [`Election`] (whose docs tell how it works).
 
 mod builder;
 mod campaign;
@@ -96,6 +78,27 @@ impl fmt::Display for Leader {
 ///     .await
 /// # }
 /// ```
+///
+/// # How it works
+///
+/// A candidate campaigns by trying to take a lock on the resource `election:{NAME}` (the
+/// Redis key is the builder's key prefix, then that name; the braces make it a Redis
+/// Cluster hash tag). The candidate that gets it leads, with the lock's **fencing token as
+/// its term**: terms strictly increase from one leader to the next, so the storage the
+/// leader writes to can reject a deposed leader's late writes (see [`crate::fence`]).
+///
+/// While it leads, a renewal loop extends the lock to `lease` every `retry_period`. When
+/// renewal has failed for `renew_deadline` (measured from the start of the last successful
+/// round), the [`Leadership`] signal fires — `lease − renew_deadline` before the lease can run
+/// out, never after — and the leader steps down. The timing rule is client-go's:
+/// `lease > renew_deadline > 1.2 × retry_period`.
+///
+/// Beside the lock, the leader keeps a record at `election:{NAME}:leader` (plus the key
+/// prefix): `"{term} {token} {identity}"`, written on every node whose lock key still holds
+/// its token, with the lease as TTL, re-armed after every renewal and deleted when it steps
+/// down. [`Election::leader`] counts a node's record only if its token matches the lock key
+/// on that node, so a stale record never names a leader. The lock's own value stays the
+/// random token: plain locks keep the node-redlock wire format.
 #[derive(Clone)]
 pub struct Election {
     inner: Arc<Inner>,
