@@ -3,12 +3,13 @@
 //! or a user disabled at connect time): the manager is then replaced, with backoff.
 
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, Value};
-use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
+
+use crate::clock;
 
 /// The first wait before a new connection after a connect-time failure; it doubles with each
 /// failure in a row, up to [`MAX_RECONNECT_DELAY`].
@@ -92,7 +93,7 @@ impl LazyConnection {
             });
         }
         if let (Some(at), Some(err)) = (slot.retry_at, &slot.last_error)
-            && Instant::now() < at
+            && clock::now() < at
         {
             return Err(err.clone());
         }
@@ -141,7 +142,7 @@ impl Connection {
                 }
                 slot.manager = None;
                 slot.failures = slot.failures.saturating_add(1);
-                slot.retry_at = Some(Instant::now() + reconnect_delay(slot.failures));
+                slot.retry_at = Some(clock::now() + reconnect_delay(slot.failures));
                 slot.last_error = Some(err.clone());
                 tracing::debug!(%err, failures = slot.failures, "connection refused at connect time; a new one will be made");
             }
