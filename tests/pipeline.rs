@@ -150,3 +150,48 @@ async fn a_release_runs_after_its_acquire_on_every_node() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_reply_is_never_handed_to_the_next_lock() {
+    // One node, so that its answer alone decides each lock.
+    let servers = Servers::start(1);
+    let redlock = servers
+        .builder()
+        .retry_count(0)
+        .node_timeout(Duration::from_millis(50))
+        .build()
+        .expect("config");
+    support::warm_up(&redlock).await;
+    let _: () = servers.cmd(0, &["SET", "late:held", "someone-else"]);
+    // Calls that time out while the node is stopped: their replies (refusals, and the
+    // failed attempts' releases) are still owed on the connection when it wakes up.
+    servers.pause(0);
+    for _ in 0..3 {
+        match redlock.acquire(&["late:held"], TTL).await {
+            Err(Error::QuorumUnreachable { errors, .. }) => assert!(
+                matches!(errors[0].failure, NodeFailure::Timeout(_)),
+                "{errors:?}"
+            ),
+            other => panic!("the node is stopped: {other:?}"),
+        }
+    }
+    servers.resume(0);
+    // Every later lock gets its own answer: a free resource is granted (a refusal owed to a
+    // call given up would refuse it), a held one is refused.
+    for i in 0..5 {
+        let lock = redlock
+            .acquire(&[format!("late:free:{i}")], TTL)
+            .await
+            .expect("a free resource is granted");
+        match redlock.acquire(&["late:held"], TTL).await {
+            Err(Error::Contended { .. }) => {}
+            other => panic!("a held resource is refused: {other:?}"),
+        }
+        assert_eq!(
+            servers.get(0, &format!("late:free:{i}")).as_deref(),
+            Some(lock.token())
+        );
+        lock.release().await.expect("release");
+    }
+    assert_eq!(servers.get(0, "late:held").as_deref(), Some("someone-else"));
+}

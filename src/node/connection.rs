@@ -38,11 +38,50 @@ struct Slot {
     manager: Option<ConnectionManager>,
     /// Counts managers made, so that a stale connection's failure drops nothing newer.
     generation: u64,
+    refusals: Refusals,
+}
+
+/// Refusals at connect time in a row (a wrong password, a disabled user, a failed TLS
+/// handshake): after one, calls fail at once with the same error until a backoff (100 ms,
+/// doubling up to 2 s) has passed; then the next call connects again.
+#[derive(Default)]
+pub(crate) struct Refusals {
     /// Connect-time failures in a row.
     failures: u32,
     /// The last connect-time failure, returned until `retry_at`.
     last_error: Option<RedisError>,
     retry_at: Option<Instant>,
+}
+
+impl Refusals {
+    /// `Err` with the last refusal while its backoff lasts.
+    pub(crate) fn check(&self) -> Result<(), RedisError> {
+        match (self.retry_at, &self.last_error) {
+            (Some(at), Some(err)) if clock::now() < at => Err(err.clone()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Notes a failed connect: a refusal starts (or lengthens) the backoff. Other failures
+    /// (refused TCP connections, time-outs) are retried by the next call at once.
+    pub(crate) fn record(&mut self, err: &RedisError) {
+        if !needs_new_connection(err) {
+            return;
+        }
+        self.failures = self.failures.saturating_add(1);
+        self.retry_at = Some(clock::now() + reconnect_delay(self.failures));
+        self.last_error = Some(err.clone());
+        tracing::debug!(%err, failures = self.failures, "connection refused at connect time; a new one will be made");
+    }
+
+    /// A connection worked: the run of refusals is over.
+    pub(crate) fn clear(&mut self) {
+        *self = Refusals::default();
+    }
+
+    fn any(&self) -> bool {
+        self.failures > 0
+    }
 }
 
 /// The connection a call uses: the shared manager, reporting connect-time failures back to
@@ -92,11 +131,7 @@ impl LazyConnection {
                 generation: slot.generation,
             });
         }
-        if let (Some(at), Some(err)) = (slot.retry_at, &slot.last_error)
-            && clock::now() < at
-        {
-            return Err(err.clone());
-        }
+        slot.refusals.check()?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             // Every call is bounded by node_timeout in the quorum logic; a response
@@ -141,15 +176,10 @@ impl Connection {
                     return; // already replaced
                 }
                 slot.manager = None;
-                slot.failures = slot.failures.saturating_add(1);
-                slot.retry_at = Some(clock::now() + reconnect_delay(slot.failures));
-                slot.last_error = Some(err.clone());
-                tracing::debug!(%err, failures = slot.failures, "connection refused at connect time; a new one will be made");
+                slot.refusals.record(err);
             }
-            Ok(_) if slot.failures > 0 && slot.generation == self.generation => {
-                slot.failures = 0;
-                slot.last_error = None;
-                slot.retry_at = None;
+            Ok(_) if slot.refusals.any() && slot.generation == self.generation => {
+                slot.refusals.clear();
             }
             _ => {}
         }

@@ -9,9 +9,11 @@ mod connection;
 pub(crate) mod fake;
 mod pipeline;
 mod redis;
+mod resp;
 mod script_call;
 #[cfg(feature = "sentinel")]
 mod sentinel;
+mod socket;
 
 use std::sync::Arc;
 

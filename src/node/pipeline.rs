@@ -27,12 +27,13 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Sleep;
 
 use super::connection::{Connection, LazyConnection};
+use super::socket::OwnedConnection;
 use super::{Op, Request};
 use crate::clock;
 use crate::error::NodeFailure;
 
-static BATCH: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/batch.lua")));
+const BATCH_SOURCE: &str = include_str!("../scripts/batch.lua");
+static BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(BATCH_SOURCE));
 
 /// The most operations one batched call carries.
 pub(crate) const MAX_OPS: usize = 512;
@@ -62,10 +63,10 @@ pub(crate) struct Pipeline {
 }
 
 impl Pipeline {
-    /// Starts the serving task for `conn` on the current runtime.
-    pub(crate) fn start(conn: Arc<LazyConnection>, node_timeout: Duration) -> Self {
+    /// Starts the serving task, sending over `transport`, on the current runtime.
+    pub(crate) fn start(transport: Transport, node_timeout: Duration) -> Self {
         let (jobs, queue) = mpsc::channel(QUEUE_CAPACITY);
-        tokio::spawn(serve(queue, conn, node_timeout));
+        tokio::spawn(serve(queue, transport, node_timeout));
         Pipeline { jobs }
     }
 
@@ -104,7 +105,7 @@ fn closed() -> NodeFailure {
 }
 
 /// Serves the queue until every sender is gone.
-async fn serve(mut queue: mpsc::Receiver<Job>, conn: Arc<LazyConnection>, timeout: Duration) {
+async fn serve(mut queue: mpsc::Receiver<Job>, mut transport: Transport, timeout: Duration) {
     // Requests taken off the queue but not sent yet, in order: the one that did not fit the
     // last batch, and those that waited behind a hung call (their callers already answered).
     let mut backlog: VecDeque<Job> = VecDeque::new();
@@ -143,7 +144,7 @@ async fn serve(mut queue: mpsc::Receiver<Job>, conn: Arc<LazyConnection>, timeou
         if let Some(at) = tokio::time::Instant::from_std(clock::now()).checked_add(timeout) {
             deadline.as_mut().reset(at);
         }
-        if let Err(failure) = batch.run(&conn, timeout, deadline.as_mut()).await {
+        if let Err(failure) = batch.run(&mut transport, timeout, deadline.as_mut()).await {
             batch.fail(&failure);
             if matches!(failure, NodeFailure::Timeout(_)) {
                 // Every request queued behind a hung call has waited long enough: answer it
@@ -207,7 +208,7 @@ impl Batch {
     /// requests are then still to be answered, by `fail`).
     async fn run(
         &mut self,
-        conn: &LazyConnection,
+        transport: &mut Transport,
         timeout: Duration,
         deadline: Pin<&mut Sleep>,
     ) -> Result<(), NodeFailure> {
@@ -216,23 +217,9 @@ impl Batch {
             return Ok(());
         }
         let command = self.command();
-        let call = async {
-            let mut connection = conn.connection().await?;
-            match evalsha(&command, &mut connection).await {
-                Ok(replies) => Ok(replies),
-                // The first call on a connection the server dropped (a restart, a reset) fails
-                // and makes the manager reconnect: repeat it once. Every operation is
-                // idempotent for its token.
-                Err(err) if err.is_io_error() || err.is_connection_dropped() => {
-                    tracing::debug!(node = %conn.addr(), %err, "connection lost; retrying the batch once");
-                    Ok(evalsha(&command, &mut connection).await?)
-                }
-                Err(err) => Err(NodeFailure::from(err)),
-            }
-        };
         let replies = tokio::select! {
             biased;
-            replies = call => replies?,
+            replies = transport.evalsha(&command) => replies?,
             () = deadline => return Err(NodeFailure::Timeout(timeout)),
         };
         if replies.len() != self.runs.len() {
@@ -305,9 +292,65 @@ impl Batch {
     }
 }
 
-/// Runs `command` (an `EVALSHA` of the batch script); when the server does not have the
-/// script cached (`NOSCRIPT`: first use, a restart, a `SCRIPT FLUSH`), loads it and runs the
-/// command again.
+/// How a node's queue reaches the server.
+pub(crate) enum Transport {
+    /// A socket the queue's task owns (a plain `redis://` node): no task in between.
+    Owned(OwnedConnection),
+    /// redis-rs's multiplexed, auto-reconnecting connection (TLS and Unix-socket nodes).
+    Shared(Arc<LazyConnection>),
+}
+
+impl Transport {
+    /// Runs `command` (an `EVALSHA` of the batch script) and returns the script's replies.
+    /// When the server does not have the script cached (`NOSCRIPT`: first use, a restart, a
+    /// `SCRIPT FLUSH`), loads it and runs the command again. The first call on a connection
+    /// the server dropped (a restart, a reset) fails and reconnects: it is repeated once
+    /// (every operation is idempotent for its token).
+    async fn evalsha(&mut self, command: &Cmd) -> Result<Vec<Value>, NodeFailure> {
+        match self {
+            Transport::Owned(conn) => {
+                let reply = match conn.call(command).await {
+                    Err(err) if err.is_io_error() || err.is_connection_dropped() => {
+                        tracing::debug!(%err, "connection lost; retrying the batch once");
+                        conn.call(command).await?
+                    }
+                    other => other?,
+                };
+                let reply = match reply.extract_error() {
+                    Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                        let mut load = redis::cmd("SCRIPT");
+                        load.arg("LOAD").arg(BATCH_SOURCE);
+                        conn.call(&load).await?.extract_error()?;
+                        conn.call(command).await?.extract_error()?
+                    }
+                    other => other?,
+                };
+                match reply {
+                    Value::Array(replies) => Ok(replies),
+                    other => Err(NodeFailure::Reply(redis::RedisError::from((
+                        ErrorKind::UnexpectedReturnType,
+                        "the batch script returned something other than an array",
+                        format!("{other:?}"),
+                    )))),
+                }
+            }
+            Transport::Shared(conn) => {
+                let mut connection = conn.connection().await?;
+                match evalsha(command, &mut connection).await {
+                    Ok(replies) => Ok(replies),
+                    Err(err) if err.is_io_error() || err.is_connection_dropped() => {
+                        tracing::debug!(node = %conn.addr(), %err, "connection lost; retrying the batch once");
+                        Ok(evalsha(command, &mut connection).await?)
+                    }
+                    Err(err) => Err(NodeFailure::from(err)),
+                }
+            }
+        }
+    }
+}
+
+/// Runs `command` (an `EVALSHA` of the batch script) on redis-rs's connection, loading the
+/// script first when the server does not have it (`NOSCRIPT`).
 async fn evalsha(command: &Cmd, connection: &mut Connection) -> redis::RedisResult<Vec<Value>> {
     match command.query_async(connection).await {
         Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {

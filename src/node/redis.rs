@@ -8,7 +8,8 @@ use redis::Client;
 use tokio_util::task::TaskTracker;
 
 use super::connection::LazyConnection;
-use super::pipeline::Pipeline;
+use super::pipeline::{Pipeline, Transport};
+use super::socket::OwnedConnection;
 use super::{GuardedWrite, KeyRow, Node, Request, script_call};
 use crate::error::NodeFailure;
 
@@ -19,6 +20,8 @@ pub(crate) struct RedisNode {
     addr: String,
     shared: Arc<LazyConnection>,
     node_timeout: Duration,
+    /// Tracks the background connects of the queue's own connection.
+    tasks: TaskTracker,
     /// The node's request queue, started inside the runtime of the first call.
     pipeline: Arc<OnceLock<Arc<Pipeline>>>,
 }
@@ -29,13 +32,12 @@ impl RedisNode {
         let addr = format!("{}/{}", info.addr(), info.redis_settings().db());
         RedisNode {
             addr,
-            // Connecting is not on any lock's critical path (calls are bounded by
-            // node_timeout); give it room so a slow handshake still completes.
             shared: Arc::new(
-                LazyConnection::new(client, node_timeout.max(Duration::from_secs(1)))
-                    .tracked_by(tasks),
+                LazyConnection::new(client, connect_timeout(node_timeout))
+                    .tracked_by(tasks.clone()),
             ),
             node_timeout,
+            tasks,
             pipeline: Arc::default(),
         }
     }
@@ -51,10 +53,26 @@ impl RedisNode {
                 "redfence needs a Tokio runtime to talk to a node",
             ))));
         }
-        Ok(self
-            .pipeline
-            .get_or_init(|| Arc::new(Pipeline::start(Arc::clone(&self.shared), self.node_timeout))))
+        Ok(self.pipeline.get_or_init(|| {
+            // A plain TCP node gets a socket of the queue's own; TLS and Unix-socket nodes
+            // share redis-rs's connection.
+            let transport = match OwnedConnection::for_plain_tcp(
+                self.shared.client().get_connection_info(),
+                connect_timeout(self.node_timeout),
+                self.tasks.clone(),
+            ) {
+                Some(owned) => Transport::Owned(owned),
+                None => Transport::Shared(Arc::clone(&self.shared)),
+            };
+            Arc::new(Pipeline::start(transport, self.node_timeout))
+        }))
     }
+}
+
+/// How long a connect (with its handshake) may take: at least a second, whatever the node
+/// timeout, because connecting is not on any lock's critical path.
+fn connect_timeout(node_timeout: Duration) -> Duration {
+    node_timeout.max(Duration::from_secs(1))
 }
 
 impl Node for RedisNode {
