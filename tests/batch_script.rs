@@ -235,3 +235,68 @@ fn the_batch_script_acquires_each_lock_by_what_its_keys_hold() {
     let pttl: i64 = servers.cmd(0, &["PTTL", "free"]);
     assert!(pttl > 30_000, "a new key gets the TTL: {pttl} ms left");
 }
+
+/// A release announces itself (`PUBLISH redfence:released:<key>`) only when someone waits
+/// for the key: after an acquire was refused on it, or while it has a fair queue. An
+/// uncontended release costs no PUBLISH.
+#[test]
+fn a_release_is_announced_only_when_someone_waits() {
+    let servers = Servers::start(1);
+    let client = redis::Client::open(servers.url(0)).expect("client");
+    let mut listener = client.get_connection().expect("connection");
+    listener
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("read timeout");
+    let mut pubsub = listener.as_pubsub();
+    pubsub.psubscribe("redfence:released:*").expect("subscribe");
+    let mut heard = || {
+        let mut channels = Vec::new();
+        while let Ok(message) = pubsub.get_message() {
+            channels.push(message.get_channel_name().to_owned());
+        }
+        channels
+    };
+    let run = |args: &[&str]| batch(&servers, 0, &["k"], args).expect("the batch runs");
+
+    // Nobody waits: taken and released without a word.
+    assert_eq!(
+        run(&["a", "tok1", "60000", "1"]),
+        vec![redis::Value::Int(1)]
+    );
+    assert_eq!(run(&["r", "tok1", "0", "1"]), vec![redis::Value::Int(1)]);
+    assert_eq!(heard(), Vec::<String>::new(), "an uncontended release");
+
+    // A refused acquire marks the key: the holder's release is announced.
+    assert_eq!(
+        run(&["a", "tok2", "60000", "1"]),
+        vec![redis::Value::Int(1)]
+    );
+    assert_eq!(
+        run(&["a", "tok3", "60000", "1"]),
+        vec![redis::Value::Int(0)]
+    );
+    let mark: i64 = servers.cmd(0, &["PTTL", "k:redfence:waiting"]);
+    assert!(mark > 50_000, "the mark lasts the waiter's TTL: {mark} ms");
+    assert_eq!(run(&["r", "tok2", "0", "1"]), vec![redis::Value::Int(1)]);
+    assert_eq!(heard(), vec!["redfence:released:k".to_owned()]);
+    // The release took the mark with the key: nothing is left behind.
+    assert_eq!(servers.keys(0), Vec::<String>::new());
+
+    // A fair waiter marks the key at every attempt; a release announces the head of the
+    // line, and marks the key again while waiters remain.
+    assert_eq!(
+        run(&["a", "tok4", "60000", "1"]),
+        vec![redis::Value::Int(1)]
+    );
+    assert_eq!(
+        run(&["f", "tok5", "60000", "1", "waiter", "1", "5000"]),
+        vec![redis::Value::Int(0)]
+    );
+    assert_eq!(run(&["r", "tok4", "0", "1"]), vec![redis::Value::Int(1)]);
+    assert_eq!(heard(), vec!["redfence:released:k".to_owned()]);
+    assert_eq!(
+        servers.cmd::<i64>(0, &["EXISTS", "k:redfence:waiting"]),
+        1,
+        "the waiter is still in line"
+    );
+}

@@ -11,12 +11,19 @@
 -- K..":redfence:alive" (waiter by the server time, in ms, its lease ends); a waiter that
 -- has not been heard from for its lease is dropped. "f" grants only the waiter at the head
 -- of every key's queue, then takes it out of line.
--- A release publishes on "redfence:released:<key>" for each key it deleted, so that waiters
--- retry at once; the message is the waiter now at the head of the key's queue ("" if none).
+-- A release publishes on "redfence:released:<key>" for each key it deleted while someone
+-- waited for it, so that waiters retry at once; the message is the waiter now at the head of
+-- the key's queue ("" if none). Waiting marks the key (K..":redfence:waiting", for the
+-- waiter's TTL and at least MIN_WAIT_MARK): a refused acquire and a fair waiter's every
+-- attempt set the mark; a release deletes it with the key (one DEL) and, when the fair queue
+-- still holds waiters, sets it again. An uncontended release is then GET and DEL, nothing
+-- more; waiters woken by the message mark the key again if they are refused again.
 -- Returns one reply per operation: acquire/extend the number of keys (0 = refused),
 -- release the number of keys deleted, leave 0, or "E:" and the error of that operation alone
 -- (e.g. WRONGTYPE when a key holds a hash).
-local QUEUE, ALIVE = ":redfence:queue", ":redfence:alive"
+local QUEUE, ALIVE, WAITING = ":redfence:queue", ":redfence:alive", ":redfence:waiting"
+-- How long waiting marks a key, at least (ms): well beyond a retry delay.
+local MIN_WAIT_MARK = 10000
 
 local function now_ms()
   local t = redis.call("TIME")
@@ -75,6 +82,18 @@ local function holds(first, last, token)
   return true
 end
 
+-- Marks key as waited for, for ms or MIN_WAIT_MARK (see the top): its next release
+-- publishes. Best effort.
+local function mark(key, ms)
+  redis.pcall("SET", key .. WAITING, "1", "PX", math.max(tonumber(ms) or 0, MIN_WAIT_MARK))
+end
+
+-- A refused acquire: marks the key it waits for.
+local function refused(key, ttl)
+  mark(key, ttl)
+  return 0
+end
+
 local function acquire(first, last, token, ttl, count)
   -- One key (the usual lock): one SET when the key is free; GET only when it is taken, by
   -- another owner, by us (a repeated request), or by a key of another type (WRONGTYPE).
@@ -87,7 +106,7 @@ local function acquire(first, last, token, ttl, count)
       return "E:" .. value.err
     end
     if value ~= token then
-      return 0
+      return refused(KEYS[first], ttl)
     end
     redis.call("SET", KEYS[first], token, "PX", ttl)
     return count
@@ -98,7 +117,7 @@ local function acquire(first, last, token, ttl, count)
       return "E:" .. value.err
     end
     if value and value ~= token then
-      return 0
+      return refused(KEYS[j], ttl)
     end
   end
   for j = first, last do
@@ -148,6 +167,7 @@ while i <= #ARGV do
         redis.call("PEXPIRE", queue, lease)
         redis.call("PEXPIRE", alive, lease)
       end
+      mark(KEYS[j], math.max(tonumber(ttl) or 0, lease))
       if head(KEYS[j], now) ~= waiter then
         ours = false
       end
@@ -192,16 +212,22 @@ while i <= #ARGV do
         leave(KEYS[j], waiter)
       end
       if redis.pcall("GET", KEYS[j]) == token then
-        redis.call("DEL", KEYS[j])
+        -- The key and its waiting mark: 2 deleted when someone waited.
+        local waited = redis.call("DEL", KEYS[j], KEYS[j] .. WAITING) > 1
         -- Notifying is best effort: a user without the permissions for it (an older ACL
         -- line) still releases, and its waiters poll.
-        local next = ""
-        if in_line or (kind ~= "R" and redis.pcall("EXISTS", KEYS[j] .. QUEUE) == 1
-            and queue_ok(KEYS[j])) then
-          now = now or now_ms()
-          next = head(KEYS[j], now) or ""
+        if in_line or waited then
+          local next = ""
+          if in_line or (kind ~= "R" and redis.pcall("EXISTS", KEYS[j] .. QUEUE) == 1
+              and queue_ok(KEYS[j])) then
+            now = now or now_ms()
+            next = head(KEYS[j], now) or ""
+          end
+          if next ~= "" then
+            mark(KEYS[j], 0) -- fair waiters are still in line
+          end
+          redis.pcall("PUBLISH", "redfence:released:" .. KEYS[j], next)
         end
-        redis.pcall("PUBLISH", "redfence:released:" .. KEYS[j], next)
         deleted = deleted + 1
       end
     end
