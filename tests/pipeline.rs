@@ -195,3 +195,28 @@ async fn a_late_reply_is_never_handed_to_the_next_lock() {
     }
     assert_eq!(servers.get(0, "late:held").as_deref(), Some("someone-else"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_in_a_node_url_is_where_the_keys_go() {
+    let servers = Servers::start(3);
+    let urls: Vec<String> = (0..3).map(|i| format!("{}/3", servers.url(i))).collect();
+    let redlock = Redlock::builder().nodes(urls).build().expect("config");
+    let lock = redlock.acquire(&["in-db-3"], TTL).await.expect("acquire");
+    let in_db_3 = |i: usize| -> Option<String> {
+        let client = redis::Client::open(format!("{}/3", servers.url(i))).expect("client");
+        let mut conn = client.get_connection().expect("connection");
+        redis::cmd("GET")
+            .arg("in-db-3")
+            .query(&mut conn)
+            .expect("GET")
+    };
+    assert!(
+        eventually(|| (0..3).all(|i| in_db_3(i).as_deref() == Some(lock.token()))).await,
+        "every node holds the lock in database 3"
+    );
+    for i in 0..3 {
+        assert_eq!(servers.get(i, "in-db-3"), None, "node {i}, database 0");
+    }
+    lock.release().await.expect("release");
+    assert!(eventually(|| (0..3).all(|i| in_db_3(i).is_none())).await);
+}
