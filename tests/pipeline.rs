@@ -220,3 +220,41 @@ async fn the_database_in_a_node_url_is_where_the_keys_go() {
     lock.release().await.expect("release");
     assert!(eventually(|| (0..3).all(|i| in_db_3(i).is_none())).await);
 }
+
+/// `calls` and `failed_calls` of `EVALSHA` in server `i`'s `INFO commandstats`.
+fn evalsha_stats(servers: &Servers, i: usize) -> (u64, u64) {
+    let info: String = servers.cmd(i, &["INFO", "commandstats"]);
+    let line = info
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .unwrap_or("");
+    let field = |name: &str| {
+        line.split([':', ','])
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("calls"), field("failed_calls"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_connection_loads_the_script_before_its_first_call() {
+    let mut servers = Servers::start(3);
+    let redlock = servers.redlock();
+    // A server that never saw the script, and one restarted after the first connection.
+    let lock = redlock.acquire(&["preload"], TTL).await.expect("acquire");
+    lock.release().await.expect("release");
+    servers.restart(0);
+    support::warm_up(&redlock).await;
+    let lock = redlock.acquire(&["preload"], TTL).await.expect("acquire");
+    lock.release().await.expect("release");
+    redlock.close().await;
+    for i in 0..3 {
+        let (calls, failed) = evalsha_stats(&servers, i);
+        assert!(calls > 0, "node {i} ran the batch script");
+        assert_eq!(
+            failed, 0,
+            "node {i}: an EVALSHA met NOSCRIPT ({calls} calls)"
+        );
+    }
+}

@@ -292,10 +292,17 @@ impl Batch {
     }
 }
 
+/// `SCRIPT LOAD` of the batch script.
+pub(crate) fn load_batch_script() -> Cmd {
+    let mut load = redis::cmd("SCRIPT");
+    load.arg("LOAD").arg(BATCH_SOURCE);
+    load
+}
+
 /// How a node's queue reaches the server.
 pub(crate) enum Transport {
     /// A socket the queue's task owns (a plain `redis://` node): no task in between.
-    Owned(OwnedConnection),
+    Owned(Box<OwnedConnection>),
     /// redis-rs's multiplexed, auto-reconnecting connection (TLS and Unix-socket nodes).
     Shared(Arc<LazyConnection>),
 }
@@ -305,12 +312,15 @@ impl Transport {
     /// When the server does not have the script cached (`NOSCRIPT`: first use, a restart, a
     /// `SCRIPT FLUSH`), loads it and runs the command again. The first call on a connection
     /// the server dropped (a restart, a reset) fails and reconnects: it is repeated once
-    /// (every operation is idempotent for its token).
+    /// (every operation is idempotent for its token); a connect that failed is not.
     async fn evalsha(&mut self, command: &Cmd) -> Result<Vec<Value>, NodeFailure> {
         match self {
             Transport::Owned(conn) => {
+                let was_connected = conn.is_connected();
                 let reply = match conn.call(command).await {
-                    Err(err) if err.is_io_error() || err.is_connection_dropped() => {
+                    Err(err)
+                        if was_connected && (err.is_io_error() || err.is_connection_dropped()) =>
+                    {
                         tracing::debug!(%err, "connection lost; retrying the batch once");
                         conn.call(command).await?
                     }
@@ -318,9 +328,7 @@ impl Transport {
                 };
                 let reply = match reply.extract_error() {
                     Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                        let mut load = redis::cmd("SCRIPT");
-                        load.arg("LOAD").arg(BATCH_SOURCE);
-                        conn.call(&load).await?.extract_error()?;
+                        conn.call(&load_batch_script()).await?.extract_error()?;
                         conn.call(command).await?.extract_error()?
                     }
                     other => other?,

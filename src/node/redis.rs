@@ -8,13 +8,16 @@ use redis::Client;
 use tokio_util::task::TaskTracker;
 
 use super::connection::LazyConnection;
-use super::pipeline::{Pipeline, Transport};
+use super::pipeline::{self, Pipeline, Transport};
 use super::socket::OwnedConnection;
 use super::{GuardedWrite, KeyRow, Node, Request, script_call};
 use crate::error::NodeFailure;
 
-/// A Redis master reached through one multiplexed, auto-reconnecting connection that every
-/// lock shares. The connection is made on first use, inside the caller's runtime.
+/// A Redis master. Every lock's lock calls go through the node's one queue, which sends them
+/// batched over the queue task's own socket (a plain `redis://` node) or redis-rs's
+/// multiplexed connection (TLS, Unix socket); the advisory calls (`inspect`, guarded writes,
+/// `CONFIG GET`) use that multiplexed connection. Connections are made on first use, inside
+/// the caller's runtime, and remade after failures.
 #[derive(Clone)]
 pub(crate) struct RedisNode {
     addr: String,
@@ -58,10 +61,11 @@ impl RedisNode {
             // share redis-rs's connection.
             let transport = match OwnedConnection::for_plain_tcp(
                 self.shared.client().get_connection_info(),
+                Some(pipeline::load_batch_script()),
                 connect_timeout(self.node_timeout),
                 self.tasks.clone(),
             ) {
-                Some(owned) => Transport::Owned(owned),
+                Some(owned) => Transport::Owned(Box::new(owned)),
                 None => Transport::Shared(Arc::clone(&self.shared)),
             };
             Arc::new(Pipeline::start(transport, self.node_timeout))

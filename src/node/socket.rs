@@ -8,9 +8,11 @@
 //!   timeout) keeps its place: its unwritten bytes go out before the next call's, and its
 //!   reply is read and dropped before the next call's. A release never overtakes its own
 //!   acquire, and no reply is ever handed to another call.
-//! - **Connected in the background.** The connect and its handshake (`AUTH`, `SELECT`) run in
-//!   a task of their own under the connect timeout, so a handshake slower than the node
-//!   timeout still finishes; calls meanwhile time out.
+//! - **Connected in the background.** The connect and its handshake (`AUTH`, `SELECT`, then
+//!   loading the caller's script, best effort) run in a task of their own under the connect
+//!   timeout, so a handshake slower than the node timeout still finishes; calls meanwhile
+//!   time out. With the script loaded at connect, the first call after a restart does not
+//!   spend a round trip on `NOSCRIPT`.
 //! - **Reconnected.** An I/O error or a reply that is not RESP drops the socket, and the next
 //!   call connects anew. A refusal at connect time (`WRONGPASS`, `NOAUTH`) fails calls at once
 //!   for a backoff before the next try ([`Refusals`]), as for redis-rs's connection.
@@ -106,6 +108,9 @@ pub(crate) struct OwnedConnection {
     info: ConnectionInfo,
     host: String,
     port: u16,
+    /// Sent once on every new connection after the handshake, its reply ignored (e.g.
+    /// `SCRIPT LOAD`).
+    preload: Option<Cmd>,
     connect_timeout: Duration,
     tasks: TaskTracker,
     socket: Option<Socket>,
@@ -116,8 +121,11 @@ pub(crate) struct OwnedConnection {
 impl OwnedConnection {
     /// A connection to the plain TCP server `info` names, or `None` for any other kind of
     /// address (TLS, Unix socket): those use redis-rs's connection. Nothing connects yet.
+    /// `preload` is sent on every new connection after the handshake; its failure (a user
+    /// without the permission) is ignored.
     pub(crate) fn for_plain_tcp(
         info: &ConnectionInfo,
+        preload: Option<Cmd>,
         connect_timeout: Duration,
         tasks: TaskTracker,
     ) -> Option<Self> {
@@ -128,12 +136,18 @@ impl OwnedConnection {
             info: info.clone(),
             host: host.clone(),
             port: *port,
+            preload,
             connect_timeout,
             tasks,
             socket: None,
             connecting: None,
             refusals: Refusals::default(),
         })
+    }
+
+    /// Whether a socket is connected now (a call on it may find it broken).
+    pub(crate) fn is_connected(&self) -> bool {
+        self.socket.is_some()
     }
 
     /// Runs `command` and returns its reply (an error reply as `Ok(Value::ServerError)`).
@@ -161,6 +175,7 @@ impl OwnedConnection {
                         self.info.clone(),
                         self.host.clone(),
                         self.port,
+                        self.preload.clone(),
                         self.connect_timeout,
                     );
                     self.connecting.insert(self.tasks.spawn(connect))
@@ -191,12 +206,13 @@ impl OwnedConnection {
     }
 }
 
-/// Connects to `host:port` and runs the handshake that `info` asks for (`AUTH`, `SELECT`),
-/// all within `limit`.
+/// Connects to `host:port`, runs the handshake that `info` asks for (`AUTH`, `SELECT`) and
+/// sends `preload` (its reply ignored), all within `limit`.
 async fn connect(
     info: ConnectionInfo,
     host: String,
     port: u16,
+    preload: Option<Cmd>,
     limit: Duration,
 ) -> RedisResult<Socket> {
     let handshake = async {
@@ -211,6 +227,11 @@ async fn connect(
             let mut select = redis::cmd("SELECT");
             select.arg(settings.db());
             socket.call(&select).await?.extract_error()?;
+        }
+        if let Some(preload) = &preload
+            && let Value::ServerError(err) = socket.call(preload).await?
+        {
+            tracing::debug!(%err, "preloading on a new connection failed; calls will load it");
         }
         Ok(socket)
     };
