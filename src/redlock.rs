@@ -22,8 +22,8 @@ use crate::{Event, InvalidInput};
 
 /// A distributed lock manager over N independent Redis masters (the Redlock algorithm).
 ///
-/// Cheap to clone (an `Arc` inside): share one per process. Every lock uses the same
-/// multiplexed connection per node. Build it with [`Redlock::builder`].
+/// Cheap to clone (an `Arc` inside): share one per process. Every lock shares the same
+/// connection and request queue per node. Build it with [`Redlock::builder`].
 ///
 /// ```no_run
 /// use std::time::Duration;

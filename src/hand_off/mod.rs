@@ -5,7 +5,9 @@
 //!   process. A lock held by this process marks its keys ([`HandOff::hold`]), so the next head
 //!   waits for its release instead of polling a lock it knows is taken.
 //! - **Notified hand-off.** The release script publishes on `redfence:released:<key>` on
-//!   each node where it deleted the key. The head of a line watches its keys
+//!   each node where it deleted the key while someone waited for it (a refused acquire and a
+//!   fair waiter mark the key `<key>:redfence:waiting`, which the release deletes; an
+//!   uncontended release publishes nothing). The head of a line watches its keys
 //!   ([`HandOff::watch`]) and retries at once when a release reached a majority of nodes, or
 //!   when a lock of this process released them. One subscriber connection per node serves
 //!   every watcher (subscriber.rs); a missed message costs at most one retry delay.
