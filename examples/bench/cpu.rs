@@ -83,13 +83,6 @@ impl Usage {
         }
     }
 
-    /// What was spent since `before`.
-    pub fn since(before: &Usage) -> Usage {
-        let mut spent = Usage::default();
-        spent.add(before, &Usage::now());
-        spent
-    }
-
     /// Adds what was spent between `before` and `after`.
     pub fn add(&mut self, before: &Usage, after: &Usage) {
         let d = |a: Duration, b: Duration| a.saturating_sub(b);
