@@ -1,6 +1,9 @@
 //! The per-node pipeline against real redis-server processes: bursts are granted, every lock
 //! in a batch gets its own answer, a bad key fails only its own lock, a killed node fails
 //! its batch without any lock granted short of a majority, and releases follow acquires.
+//! The queue's own connection: a late reply never reaches the next lock, the URL's database
+//! is selected, the script is loaded on connect, and a slow handshake goes on in the
+//! background.
 
 mod support;
 
@@ -8,6 +11,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use redfence::{Error, NodeFailure, Redlock};
+use support::proxy::{Mode, Proxy};
 use support::{Servers, TestRedlock, eventually};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -257,4 +261,31 @@ async fn a_new_connection_loads_the_script_before_its_first_call() {
             "node {i}: an EVALSHA met NOSCRIPT ({calls} calls)"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_slower_than_the_node_timeout_still_connects() {
+    let servers = Servers::start(1);
+    // 30 ms each way: a call takes one round trip (60 ms), the handshake two (`SELECT`, then
+    // loading the script: 120 ms), longer than the node timeout (90 ms). A connect cut short
+    // at every call's timeout would never finish; one that goes on in the background does.
+    let proxy = Proxy::start(servers.port(0)).await;
+    proxy.set(Mode::Delay(Duration::from_millis(30)));
+    let redlock = Redlock::builder()
+        .nodes([format!("{}/1", proxy.url())])
+        .node_timeout(Duration::from_millis(90))
+        .retry_count(0)
+        .build()
+        .expect("config");
+    let deadline = std::time::Instant::now() + support::DEADLINE;
+    let lock = loop {
+        match redlock.acquire(&["slow-handshake"], TTL).await {
+            Ok(lock) => break lock,
+            Err(err) if std::time::Instant::now() < deadline => {
+                assert!(err.is_retryable(), "{err}");
+            }
+            Err(err) => panic!("never connected: {err}"),
+        }
+    };
+    lock.release().await.expect("release");
 }

@@ -236,22 +236,21 @@ async fn main() {
         "{:<34} {:>14} {:>14} {:>8}",
         "measure", "redfence", "floor", "ratio"
     );
-    let (ours, theirs) = latency(&redlock, &floor, ops).await;
     let row = |name: &str, a: String, b: String, ratio: f64| {
         println!("{name:<34} {a:>14} {b:>14} {ratio:>7.2}x");
     };
-    row(
-        "acquire+release p50",
-        micros(ours.p50),
-        micros(theirs.p50),
-        ours.p50.as_secs_f64() / theirs.p50.as_secs_f64(),
-    );
-    row(
-        "acquire+release p99",
-        micros(ours.p99),
-        micros(theirs.p99),
-        ours.p99.as_secs_f64() / theirs.p99.as_secs_f64(),
-    );
+    let latency_rows = |prefix: &str, ours: &Stats, theirs: &Stats| {
+        for (q, a, b) in [("p50", ours.p50, theirs.p50), ("p99", ours.p99, theirs.p99)] {
+            row(
+                &format!("{prefix} {q}"),
+                micros(a),
+                micros(b),
+                a.as_secs_f64() / b.as_secs_f64(),
+            );
+        }
+    };
+    let (ours, theirs) = latency(&redlock, &floor, ops).await;
+    latency_rows("acquire+release", &ours, &theirs);
     // The same from a spawned task (as a request handler runs), where the node queues' tasks
     // can run on the caller's own worker thread; above, the caller is `main` under
     // `block_on`, outside the workers, and every round crosses threads.
@@ -261,18 +260,7 @@ async fn main() {
             .await
             .expect("latency task")
     };
-    row(
-        "in a spawned task: p50",
-        micros(ours.p50),
-        micros(theirs.p50),
-        ours.p50.as_secs_f64() / theirs.p50.as_secs_f64(),
-    );
-    row(
-        "in a spawned task: p99",
-        micros(ours.p99),
-        micros(theirs.p99),
-        ours.p99.as_secs_f64() / theirs.p99.as_secs_f64(),
-    );
+    latency_rows("in a spawned task:", &ours, &theirs);
 
     // In alternating rounds (`BENCH_ROUNDS`, default 5), so that a machine whose speed drifts
     // during the run (a shared host) weighs on both sides alike; the ratio is taken within
