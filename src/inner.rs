@@ -106,6 +106,15 @@ impl Shared {
             }
         }
         let keys = self.keys(&names);
+        for (index, key) in keys.iter().enumerate() {
+            if let Some(suffix) = reserved_suffix(key) {
+                return Err(InvalidInput::ReservedName {
+                    index,
+                    resource: names[index].clone(),
+                    suffix,
+                });
+            }
+        }
         for (node, n) in self.nodes.iter().enumerate() {
             if let Some((first, second)) = n.split_keys(&keys) {
                 return Err(InvalidInput::KeysAcrossSlots {
@@ -130,6 +139,18 @@ impl Shared {
             .map(|name| format!("{}{}", self.config.key_prefix, name))
             .collect()
     }
+}
+
+/// The endings of the keys the batch script keeps beside a lock key `K` (`K:redfence:queue`
+/// and `K:redfence:alive`, the fair queue; `K:redfence:waiting`, the waiting mark). A lock
+/// key may not end so: it could be another lock's helper key.
+const RESERVED_SUFFIXES: [&str; 3] = [":redfence:waiting", ":redfence:queue", ":redfence:alive"];
+
+/// The reserved ending `key` has, if any.
+fn reserved_suffix(key: &str) -> Option<&'static str> {
+    RESERVED_SUFFIXES
+        .into_iter()
+        .find(|suffix| key.ends_with(suffix))
 }
 
 /// Checks resource names (at least one, at most [`MAX_RESOURCES`], none empty, no

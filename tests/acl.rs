@@ -283,3 +283,35 @@ async fn fair_mode_works_with_the_readme_rules() {
     lock.release().await.expect("release");
     assert!(support::eventually(|| (0..3).all(|i| servers.keys(i).is_empty())).await);
 }
+
+#[tokio::test]
+async fn a_key_pattern_without_the_waiting_marks_still_locks_and_releases() {
+    let servers = Servers::start(3);
+    // Only the lock's own key: not `locks:job:redfence:waiting`, where waiting is marked.
+    for i in 0..3 {
+        set_user(
+            &servers,
+            i,
+            "locker",
+            "on >locker-secret resetkeys ~locks:job resetchannels -@all +evalsha +script|load \
+             +get +set +pexpire +del",
+        );
+    }
+    let redlock = builder(urls_as(&servers, "locker", "locker-secret"))
+        .key_prefix("locks:")
+        .retry_count(0)
+        .build()
+        .expect("config");
+    let lock = redlock.acquire(&["job"], TTL).await.expect("acquire");
+    // Refused: its mark is refused too, silently.
+    match redlock.try_acquire(&["job"], TTL).await {
+        Err(Error::Contended { .. }) => {}
+        other => panic!("the lock is held: {other:?}"),
+    }
+    lock.release()
+        .await
+        .expect("the release does not need the mark");
+    assert!(support::eventually(|| (0..3).all(|i| servers.keys(i).is_empty())).await);
+    let lock = redlock.acquire(&["job"], TTL).await.expect("free again");
+    lock.release().await.expect("release");
+}

@@ -65,6 +65,19 @@ async fn bad_requests_never_reach_a_node() {
         invalid(redlock.acquire(&["a"], Duration::MAX).await),
         InvalidInput::TtlTooLong { .. }
     ));
+    // A key that could be another lock's helper key (its fair queue, its waiting mark).
+    for reserved in [
+        "job:redfence:waiting",
+        "job:redfence:queue",
+        "job:redfence:alive",
+    ] {
+        match invalid(redlock.try_acquire(&["a", reserved], TTL).await) {
+            InvalidInput::ReservedName {
+                index, resource, ..
+            } => assert_eq!((index, resource.as_str()), (1, reserved)),
+            other => panic!("{reserved}: {other:?}"),
+        }
+    }
     // The lazy connections were never even opened, and nothing was written.
     assert_eq!(clients(&servers), 1);
     for i in 0..3 {

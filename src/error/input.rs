@@ -103,6 +103,20 @@ pub enum InvalidInput {
         /// Its position in the slice given.
         index: usize,
     },
+    /// A resource's key ends the way redfence's own keys beside every lock do
+    /// (`:redfence:waiting`, `:redfence:queue`, `:redfence:alive`): such a lock could be
+    /// overwritten or deleted by the waiters and releases of the lock it sits beside.
+    #[error(
+        "resource #{index} ({resource:?}) has a key ending in {suffix:?}, which redfence keeps for its own keys beside every lock"
+    )]
+    ReservedName {
+        /// Its position in the slice given.
+        index: usize,
+        /// The name as given.
+        resource: String,
+        /// The reserved ending its key has.
+        suffix: &'static str,
+    },
     /// The same resource was given twice.
     #[error("resource {resource:?} is given more than once")]
     DuplicateResource {

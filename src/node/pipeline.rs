@@ -117,7 +117,7 @@ async fn serve(mut queue: mpsc::Receiver<Job>, mut transport: Transport, timeout
     loop {
         let first = match backlog.pop_front() {
             Some(job) => job,
-            None => match queue.recv().await {
+            None => match transport.next_job(&mut queue).await {
                 Some(job) => job,
                 None => return,
             },
@@ -308,6 +308,22 @@ pub(crate) enum Transport {
 }
 
 impl Transport {
+    /// The next job; meanwhile, the calls given up on our own socket make progress (their
+    /// bytes are written, their replies read), so that a release cut short by a timeout
+    /// reaches the node even when nothing follows it.
+    async fn next_job(&mut self, queue: &mut mpsc::Receiver<Job>) -> Option<Job> {
+        if let Transport::Owned(conn) = self
+            && conn.unsettled()
+        {
+            tokio::select! {
+                biased;
+                job = queue.recv() => return job,
+                () = conn.settle() => {}
+            }
+        }
+        queue.recv().await
+    }
+
     /// Runs `command` (an `EVALSHA` of the batch script) and returns the script's replies.
     /// When the server does not have the script cached (`NOSCRIPT`: first use, a restart, a
     /// `SCRIPT FLUSH`), loads it and runs the command again. The first call on a connection

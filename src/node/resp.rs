@@ -39,13 +39,14 @@ fn reply(buf: &[u8], at: usize, depth: usize) -> RedisResult<Option<(Value, usiz
             let end = next
                 .checked_add(len)
                 .ok_or_else(|| malformed("bulk length"))?;
-            if buf.len() < end + 2 {
+            let after = end.checked_add(2).ok_or_else(|| malformed("bulk length"))?;
+            if buf.len() < after {
                 return Ok(None);
             }
-            if &buf[end..end + 2] != b"\r\n" {
+            if &buf[end..after] != b"\r\n" {
                 return Err(malformed("bulk string not ended by CRLF"));
             }
-            return Ok(Some((Value::BulkString(buf[next..end].to_vec()), end + 2)));
+            return Ok(Some((Value::BulkString(buf[next..end].to_vec()), after)));
         }
         b'*' => {
             let count = integer(line)?;

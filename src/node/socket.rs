@@ -59,10 +59,39 @@ impl Socket {
     /// Sends `command` and waits for its reply. An error reply is `Ok(Value::ServerError)`;
     /// `Err` means the socket is unusable (I/O error, closed, out of step). Cancel-safe in the
     /// sense that matters here: dropped after its first poll, the call is still written, and
-    /// its reply is dropped by the next call.
+    /// its reply is dropped, by [`settle`](Self::settle) or the next call.
     async fn call(&mut self, command: &Cmd) -> RedisResult<Value> {
         command.write_packed_command(&mut self.out);
         self.owed += 1;
+        self.write_all().await?;
+        loop {
+            let reply = self.next_reply().await?;
+            self.owed -= 1;
+            if self.owed == 0 {
+                return Ok(reply);
+            }
+            // The reply of a call given up.
+        }
+    }
+
+    /// Whether calls given up still have bytes to write or replies to come.
+    fn unsettled(&self) -> bool {
+        self.owed > 0 || !self.out.is_empty()
+    }
+
+    /// Writes what calls given up left unwritten and reads (and drops) the replies owed to
+    /// them, so that their requests reach the server even when no call follows. Cancel-safe.
+    async fn settle(&mut self) -> RedisResult<()> {
+        self.write_all().await?;
+        while self.owed > 0 {
+            self.next_reply().await?;
+            self.owed -= 1;
+        }
+        Ok(())
+    }
+
+    /// Writes everything in `out`. Cancel-safe: what is written leaves `out` at once.
+    async fn write_all(&mut self) -> RedisResult<()> {
         while !self.out.is_empty() {
             let written = self.stream.write(&self.out).await?;
             if written == 0 {
@@ -70,6 +99,12 @@ impl Socket {
             }
             self.out.drain(..written);
         }
+        Ok(())
+    }
+
+    /// The next whole reply, read as needed. Cancel-safe: a reply leaves the buffer only
+    /// whole.
+    async fn next_reply(&mut self) -> RedisResult<Value> {
         loop {
             if let Some((reply, used)) = resp::parse(&self.input[self.read_at..])? {
                 self.read_at += used;
@@ -77,11 +112,7 @@ impl Socket {
                     self.input.clear();
                     self.read_at = 0;
                 }
-                self.owed -= 1;
-                if self.owed == 0 {
-                    return Ok(reply);
-                }
-                continue; // the reply of a call given up
+                return Ok(reply);
             }
             if self.read_at > 0 {
                 self.input.drain(..self.read_at);
@@ -93,6 +124,23 @@ impl Socket {
             }
         }
     }
+
+    /// Closes the socket at once (a reset): bytes not yet read by the server are dropped,
+    /// so that nothing written on this socket can run after what a new connection sends.
+    fn abort(self) {
+        let _ = self.stream.set_zero_linger();
+    }
+}
+
+/// The most bytes of calls given up that may wait unwritten (the server stopped reading):
+/// past that, calls fail at once instead of queueing without bound.
+const MAX_UNSENT: usize = 16 * 1024 * 1024;
+
+fn stalled(unsent: usize) -> RedisError {
+    RedisError::from(io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!("the server has not read the last {unsent} bytes sent to it; not sending more"),
+    ))
 }
 
 fn closed() -> RedisError {
@@ -155,11 +203,44 @@ impl OwnedConnection {
     /// dropped and the next call connects anew.
     pub(crate) async fn call(&mut self, command: &Cmd) -> RedisResult<Value> {
         let socket = self.socket().await?;
+        if socket.out.len() >= MAX_UNSENT {
+            // The server has stopped reading: queue nothing more behind what it has not
+            // read. Stalled, not broken: the socket (and the order of what it carries) stays.
+            return Err(stalled(socket.out.len()));
+        }
         let reply = socket.call(command).await;
-        if reply.is_err() {
-            self.socket = None;
+        match &reply {
+            Err(_) => self.drop_socket(),
+            // The server forgot who we are (a user disabled, a password set after we
+            // connected): connect again, after the refusal's backoff.
+            Ok(Value::ServerError(refusal)) if matches!(refusal.code(), "NOAUTH" | "WRONGPASS") => {
+                self.refusals.record(&RedisError::from(refusal.clone()));
+                self.drop_socket();
+            }
+            Ok(_) => {}
         }
         reply
+    }
+
+    /// Whether calls given up still have bytes to write or replies to come.
+    pub(crate) fn unsettled(&self) -> bool {
+        self.socket.as_ref().is_some_and(Socket::unsettled)
+    }
+
+    /// Makes progress on what calls given up left behind (see [`Socket::settle`]); returns
+    /// when nothing is left, or the socket broke (it is then dropped). Cancel-safe.
+    pub(crate) async fn settle(&mut self) {
+        if let Some(socket) = &mut self.socket
+            && socket.settle().await.is_err()
+        {
+            self.drop_socket();
+        }
+    }
+
+    fn drop_socket(&mut self) {
+        if let Some(socket) = self.socket.take() {
+            socket.abort();
+        }
     }
 
     /// The connected socket: connects first when there is none (in a task of its own,
@@ -266,4 +347,59 @@ async fn authenticate(socket: &mut Socket, user: Option<&str>, password: &str) -
         "Password authentication failed",
         format!("{} {detail}", refusal.code()),
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use tokio::net::TcpListener;
+
+    /// A socket to a peer on loopback, and the peer's end.
+    async fn pair() -> (Socket, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        let (peer, _) = accepted.expect("accept");
+        (Socket::new(client.expect("connect")), peer)
+    }
+
+    /// A call cut short while the peer reads nothing keeps its unwritten bytes; `settle`
+    /// writes them and drops the late reply, and the next call gets its own reply.
+    #[tokio::test]
+    async fn a_call_cut_short_mid_write_is_finished_by_settle() {
+        let (mut socket, mut peer) = pair().await;
+        // Far more than the kernel buffers hold while the peer does not read.
+        let mut big = redis::cmd("ECHO");
+        big.arg(vec![b'x'; 64 << 20]);
+        let size = big.get_packed_command().len();
+        let cut = tokio::time::timeout(Duration::from_millis(200), socket.call(&big)).await;
+        assert!(
+            cut.is_err(),
+            "the peer reads nothing: the call cannot finish"
+        );
+        assert!(!socket.out.is_empty(), "bytes left unwritten");
+        assert!(socket.unsettled());
+
+        // The peer reads the whole command, answers it, then answers one more.
+        let reader = tokio::spawn(async move {
+            let mut buf = vec![0u8; 1 << 20];
+            let mut got = 0;
+            while got < size {
+                let n = peer.read(&mut buf).await.expect("read");
+                assert!(n > 0, "closed after {got} of {size} bytes");
+                got += n;
+            }
+            peer.write_all(b"+LATE\r\n").await.expect("write");
+            let n = peer.read(&mut buf).await.expect("read the next call");
+            assert!(n > 0);
+            peer.write_all(b":7\r\n").await.expect("write");
+            got
+        });
+        socket.settle().await.expect("settled");
+        assert!(!socket.unsettled(), "written and answered");
+        let next = socket.call(&redis::cmd("PING")).await.expect("next call");
+        assert_eq!(next, Value::Int(7), "the late reply went to no one");
+        assert_eq!(reader.await.expect("peer"), size, "every byte, once");
+    }
 }

@@ -212,8 +212,14 @@ while i <= #ARGV do
         leave(KEYS[j], waiter)
       end
       if redis.pcall("GET", KEYS[j]) == token then
-        -- The key and its waiting mark: 2 deleted when someone waited.
-        local waited = redis.call("DEL", KEYS[j], KEYS[j] .. WAITING) > 1
+        -- The key and its waiting mark: 2 deleted when someone waited. A user whose ACL
+        -- key pattern does not cover the mark still releases (the key alone), and its
+        -- waiters poll.
+        local gone = redis.pcall("DEL", KEYS[j], KEYS[j] .. WAITING)
+        if type(gone) ~= "number" then
+          gone = redis.call("DEL", KEYS[j])
+        end
+        local waited = gone > 1
         -- Notifying is best effort: a user without the permissions for it (an older ACL
         -- line) still releases, and its waiters poll.
         if in_line or waited then
