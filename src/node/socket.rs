@@ -6,16 +6,21 @@
 //!
 //! - **In order, and safe to give up on.** A call whose caller stopped waiting (the node
 //!   timeout) keeps its place: its unwritten bytes go out before the next call's, and its
-//!   reply is read and dropped before the next call's. A release never overtakes its own
-//!   acquire, and no reply is ever handed to another call.
+//!   reply is read and dropped before the next call's; while the queue is idle, the queue's
+//!   task goes on writing them and reading those replies ([`OwnedConnection::settle`]), so a
+//!   release cut short still reaches the node when nothing follows it. A release never
+//!   overtakes its own acquire, and no reply is ever handed to another call. A server that
+//!   stops reading holds at most [`MAX_UNSENT`] bytes of ours; calls past that fail at once.
 //! - **Connected in the background.** The connect and its handshake (`AUTH`, `SELECT`, then
 //!   loading the caller's script, best effort) run in a task of their own under the connect
 //!   timeout, so a handshake slower than the node timeout still finishes; calls meanwhile
 //!   time out. With the script loaded at connect, the first call after a restart does not
 //!   spend a round trip on `NOSCRIPT`.
-//! - **Reconnected.** An I/O error or a reply that is not RESP drops the socket, and the next
-//!   call connects anew. A refusal at connect time (`WRONGPASS`, `NOAUTH`) fails calls at once
-//!   for a backoff before the next try ([`Refusals`]), as for redis-rs's connection.
+//! - **Reconnected.** An I/O error or a reply that is not RESP resets the socket (so that
+//!   nothing still unread on it runs after what a new connection sends), and the next call
+//!   connects anew. A refusal (`WRONGPASS`, or `NOAUTH` on a connection that had
+//!   authenticated) fails calls at once for a backoff before the next try ([`Refusals`]), as
+//!   for redis-rs's connection.
 
 use std::io;
 use std::time::Duration;
