@@ -407,4 +407,42 @@ mod tests {
         assert_eq!(next, Value::Int(7), "the late reply went to no one");
         assert_eq!(reader.await.expect("peer"), size, "every byte, once");
     }
+
+    /// A server that stops reading holds at most `MAX_UNSENT` bytes of ours: past that, a
+    /// call fails at once (an I/O time-out, so a `NodeFailure::Connection`), and the socket
+    /// stays, with the order of what it carries.
+    #[tokio::test]
+    async fn a_server_that_stops_reading_holds_at_most_max_unsent() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let info =
+            redis::IntoConnectionInfo::into_connection_info(format!("redis://127.0.0.1:{port}"))
+                .expect("url");
+        let mut conn =
+            OwnedConnection::for_plain_tcp(&info, None, Duration::from_secs(5), TaskTracker::new())
+                .expect("a plain TCP node");
+        // Connected (no handshake for db 0 without a password), never read from.
+        let (call, accepted) = tokio::join!(
+            tokio::time::timeout(Duration::from_millis(200), async {
+                let mut big = redis::cmd("ECHO");
+                // More than the kernel's buffers take on top of MAX_UNSENT.
+                big.arg(vec![b'x'; MAX_UNSENT + (64 << 20)]);
+                conn.call(&big).await
+            }),
+            listener.accept()
+        );
+        let _peer = accepted.expect("accept");
+        assert!(call.is_err(), "nothing is read: the call is cut short");
+        assert!(conn.is_connected());
+        let started = std::time::Instant::now();
+        let err = tokio::time::timeout(Duration::from_secs(5), conn.call(&redis::cmd("PING")))
+            .await
+            .expect("fails at once, never waits")
+            .expect_err("the node holds too much of ours already");
+        assert!(err.is_io_error(), "{err}");
+        assert!(err.to_string().contains("not sending more"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(1), "failed at once");
+        assert!(conn.is_connected(), "a stalled socket is kept");
+        assert!(conn.unsettled());
+    }
 }
