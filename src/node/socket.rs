@@ -421,14 +421,14 @@ mod tests {
         let mut conn =
             OwnedConnection::for_plain_tcp(&info, None, Duration::from_secs(5), TaskTracker::new())
                 .expect("a plain TCP node");
-        // Connected (no handshake for db 0 without a password), never read from.
+        // More than the kernel's buffers take on top of MAX_UNSENT.
+        let mut big = redis::cmd("ECHO");
+        big.arg(vec![b'x'; MAX_UNSENT + (64 << 20)]);
+        // Connected (no handshake for db 0 without a password), never read from. The call
+        // cannot finish; its time-out only has to outlast the connect (generous, for a busy
+        // machine).
         let (call, accepted) = tokio::join!(
-            tokio::time::timeout(Duration::from_millis(200), async {
-                let mut big = redis::cmd("ECHO");
-                // More than the kernel's buffers take on top of MAX_UNSENT.
-                big.arg(vec![b'x'; MAX_UNSENT + (64 << 20)]);
-                conn.call(&big).await
-            }),
+            tokio::time::timeout(Duration::from_secs(3), conn.call(&big)),
             listener.accept()
         );
         let _peer = accepted.expect("accept");
