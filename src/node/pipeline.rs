@@ -22,11 +22,12 @@ use std::sync::Arc;
 use std::sync::LazyLock;
 use std::time::Duration;
 
+use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, Script, ServerErrorKind, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Sleep;
 
-use super::connection::{Connection, LazyConnection};
+use super::connection::LazyConnection;
 use super::socket::OwnedConnection;
 use super::{Op, Request};
 use crate::clock;
@@ -325,57 +326,44 @@ impl Transport {
     }
 
     /// Runs `command` (an `EVALSHA` of the batch script) and returns the script's replies.
-    /// When the server does not have the script cached (`NOSCRIPT`: first use, a restart, a
-    /// `SCRIPT FLUSH`), loads it and runs the command again. The first call on a connection
-    /// the server dropped (a restart, a reset) fails and reconnects: it is repeated once
-    /// (every operation is idempotent for its token); a connect that failed is not.
+    /// The first call on a connection the server dropped (a restart, a reset) fails and
+    /// reconnects: it is repeated once (every operation is idempotent for its token); on our
+    /// own socket, a connect that failed is not.
     async fn evalsha(&mut self, command: &Cmd) -> Result<Vec<Value>, NodeFailure> {
         match self {
             Transport::Owned(conn) => {
-                let was_connected = conn.is_connected();
-                let reply = match conn.call(command).await {
-                    Err(err)
-                        if was_connected && (err.is_io_error() || err.is_connection_dropped()) =>
-                    {
-                        tracing::debug!(%err, "connection lost; retrying the batch once");
-                        conn.call(command).await?
-                    }
-                    other => other?,
-                };
-                let reply = match reply.extract_error() {
-                    Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                        conn.call(&load_batch_script()).await?.extract_error()?;
-                        conn.call(command).await?.extract_error()?
-                    }
-                    other => other?,
-                };
-                match reply {
-                    Value::Array(replies) => Ok(replies),
-                    other => Err(NodeFailure::Reply(redis::RedisError::from((
-                        ErrorKind::UnexpectedReturnType,
-                        "the batch script returned something other than an array",
-                        format!("{other:?}"),
-                    )))),
-                }
+                let retry = conn.is_connected();
+                evalsha_once_more(command, &mut **conn, retry).await
             }
             Transport::Shared(conn) => {
                 let mut connection = conn.connection().await?;
-                match evalsha(command, &mut connection).await {
-                    Ok(replies) => Ok(replies),
-                    Err(err) if err.is_io_error() || err.is_connection_dropped() => {
-                        tracing::debug!(node = %conn.addr(), %err, "connection lost; retrying the batch once");
-                        Ok(evalsha(command, &mut connection).await?)
-                    }
-                    Err(err) => Err(NodeFailure::from(err)),
-                }
+                evalsha_once_more(command, &mut connection, true).await
             }
         }
     }
 }
 
-/// Runs `command` (an `EVALSHA` of the batch script) on redis-rs's connection, loading the
-/// script first when the server does not have it (`NOSCRIPT`).
-async fn evalsha(command: &Cmd, connection: &mut Connection) -> redis::RedisResult<Vec<Value>> {
+/// [`evalsha`], repeated once (with `retry`) after the connection was lost.
+async fn evalsha_once_more(
+    command: &Cmd,
+    connection: &mut impl ConnectionLike,
+    retry: bool,
+) -> Result<Vec<Value>, NodeFailure> {
+    match evalsha(command, connection).await {
+        Err(err) if retry && (err.is_io_error() || err.is_connection_dropped()) => {
+            tracing::debug!(%err, "connection lost; retrying the batch once");
+            Ok(evalsha(command, connection).await?)
+        }
+        other => Ok(other?),
+    }
+}
+
+/// Runs `command` (an `EVALSHA` of the batch script), loading the script first when the
+/// server does not have it (`NOSCRIPT`: first use, a restart, a `SCRIPT FLUSH`).
+async fn evalsha(
+    command: &Cmd,
+    connection: &mut impl ConnectionLike,
+) -> redis::RedisResult<Vec<Value>> {
     match command.query_async(connection).await {
         Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
             BATCH.load_async(connection).await?;

@@ -292,6 +292,31 @@ impl OwnedConnection {
     }
 }
 
+/// The node's own connection as redis-rs sees a connection, so that the queue runs the same
+/// script-call code (`EVALSHA`, and `SCRIPT LOAD` on `NOSCRIPT`) over either connection.
+/// The queue sends single commands only: a pipeline is refused.
+impl redis::aio::ConnectionLike for OwnedConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, Value> {
+        Box::pin(self.call(cmd))
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        _pipeline: &'a redis::Pipeline,
+        _offset: usize,
+        _count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        Box::pin(std::future::ready(Err(RedisError::from((
+            ErrorKind::Client,
+            "a node's own connection sends no pipelines",
+        )))))
+    }
+
+    fn get_db(&self) -> i64 {
+        self.info.redis_settings().db()
+    }
+}
+
 /// Connects to `host:port`, runs the handshake that `info` asks for (`AUTH`, `SELECT`) and
 /// sends `preload` (its reply ignored), all within `limit`.
 async fn connect(
