@@ -3,8 +3,9 @@
 //! request its own reply.
 //!
 //! - With nothing in flight a request goes out at once; requests that arrive while a call is
-//!   in flight wait and go together in the next one, up to [`MAX_OPS`] operations and
-//!   [`MAX_KEYS`] keys (so that no script runs long on the server).
+//!   in flight wait and go together in the next one, up to [`MAX_OPS`] operations,
+//!   [`MAX_KEYS`] keys and [`MAX_BYTES`] of names and tokens (so that no script runs long on
+//!   the server and no call is huge; one operation larger than that goes alone).
 //! - Requests run on the node in the order they were queued, each one to its end even when
 //!   its caller stopped waiting: a lock's release never overtakes its own acquire.
 //! - `node_timeout` bounds the node's answer to a call in flight, not the time a request
@@ -40,6 +41,9 @@ static BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(BATCH_SOURCE));
 pub(crate) const MAX_OPS: usize = 512;
 /// The most keys one batched call carries (an operation with more keys goes alone).
 pub(crate) const MAX_KEYS: usize = 4_096;
+/// The most bytes of key names, tokens and waiter ids one batched call carries (an operation
+/// with more goes alone).
+pub(crate) const MAX_BYTES: usize = 1 << 20;
 /// The most requests waiting for one node.
 pub(crate) const QUEUE_CAPACITY: usize = 65_536;
 
@@ -180,6 +184,14 @@ struct Batch {
     runs: Vec<(Request, Option<Reply>)>,
     flushes: Vec<oneshot::Sender<()>>,
     keys: usize,
+    bytes: usize,
+}
+
+/// The bytes of names and ids a request adds to a call.
+fn size(req: &Request) -> usize {
+    req.keys.iter().map(String::len).sum::<usize>()
+        + req.token.len()
+        + req.queue.as_deref().map_or(0, |q| q.waiter.len())
 }
 
 impl Batch {
@@ -187,6 +199,7 @@ impl Batch {
         match job {
             Job::Run { req, reply } => {
                 self.keys += req.keys.len();
+                self.bytes += size(&req);
                 self.runs.push((req, reply));
             }
             Job::Flush(done) => self.flushes.push(done),
@@ -194,12 +207,14 @@ impl Batch {
     }
 
     fn full(&self) -> bool {
-        self.runs.len() >= MAX_OPS || self.keys >= MAX_KEYS
+        self.runs.len() >= MAX_OPS || self.keys >= MAX_KEYS || self.bytes >= MAX_BYTES
     }
 
     fn fits(&self, job: &Job) -> bool {
         match job {
-            Job::Run { req, .. } => self.keys + req.keys.len() <= MAX_KEYS,
+            Job::Run { req, .. } => {
+                self.keys + req.keys.len() <= MAX_KEYS && self.bytes + size(req) <= MAX_BYTES
+            }
             Job::Flush(_) => true,
         }
     }
@@ -243,9 +258,9 @@ impl Batch {
     /// `f`, `l` and `R`), written straight into one command buffer (no allocation per
     /// argument).
     fn command(&self) -> Cmd {
-        let keys: usize = self.runs.iter().map(|(req, _)| req.keys.len()).sum();
+        let keys = self.keys;
         let args = 3 + keys + self.runs.len() * 7;
-        let mut command = Cmd::with_capacity(args, 64 + keys * 48 + self.runs.len() * 64);
+        let mut command = Cmd::with_capacity(args, 64 + self.bytes + self.runs.len() * 48);
         command.arg("EVALSHA").arg(BATCH.get_hash()).arg(keys);
         for (req, _) in &self.runs {
             for key in req.keys.iter() {
@@ -397,6 +412,37 @@ fn parse(value: Value) -> Result<i64, NodeFailure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn run(key: String) -> Job {
+        Job::Run {
+            req: Request {
+                op: Op::Acquire,
+                keys: vec![key].into(),
+                token: "token".into(),
+                ttl_ms: 1_000,
+                queue: None,
+            },
+            reply: None,
+        }
+    }
+
+    #[test]
+    fn a_batch_stops_at_max_bytes_and_a_larger_request_goes_alone() {
+        let mut batch = Batch::default();
+        let big = || run("k".repeat(MAX_BYTES / 4));
+        for _ in 0..3 {
+            assert!(batch.fits(&big()));
+            batch.push(big());
+        }
+        assert!(!batch.fits(&big()), "a fourth would pass MAX_BYTES");
+        assert!(batch.fits(&run("small".into())));
+        assert!(!batch.full());
+        // The serving loop pushes the first request whatever its size: it goes alone.
+        let mut alone = Batch::default();
+        alone.push(run("k".repeat(MAX_BYTES + 1)));
+        assert!(alone.full());
+        assert!(!alone.fits(&run("small".into())));
+    }
 
     #[test]
     fn replies_are_integers_or_the_operations_own_error() {
