@@ -15,6 +15,7 @@ use crate::events::Event;
 use crate::hand_off::{HandOff, Hold};
 use crate::node::{Node, Op, QueueTicket, Request};
 use crate::quorum::{self, Round, Settled, Until};
+use crate::using::Alarms;
 
 /// The longest TTL redfence sends to Redis: about 146 million years, far inside what Redis
 /// accepts for `PX` and what an [`Instant`](std::time::Instant) can represent.
@@ -37,6 +38,8 @@ pub(crate) struct Shared {
     closed: AtomicBool,
     /// Waiters' lines and release notifications.
     pub(crate) hand_off: HandOff,
+    /// The one timer of every `using()` lock's extension task.
+    pub(crate) alarms: Alarms,
 }
 
 /// A validated lock request: resource names, their keys and the TTL.
@@ -71,6 +74,7 @@ impl Shared {
             nodes,
             tasks,
             closed: AtomicBool::new(false),
+            alarms: Alarms::default(),
         }
     }
 

@@ -83,6 +83,11 @@ impl Lock {
         self.expires_at.saturating_duration_since(clock::now())
     }
 
+    /// The shared timer of the `Redlock` this lock came from (for `using()`'s extension task).
+    pub(crate) fn alarms(&self) -> &crate::using::Alarms {
+        &self.held.shared.alarms
+    }
+
     /// Whether the validity has run out.
     pub fn is_expired(&self) -> bool {
         clock::now() >= self.expires_at

@@ -25,6 +25,7 @@
 //! longer be guaranteed: the signal aborts, with `threshold` of validity still left for the
 //! routine to stop, and extension stops for good.
 
+mod alarms;
 mod policy;
 mod signal;
 mod task;
@@ -37,6 +38,7 @@ use futures::FutureExt;
 use tokio::sync::{oneshot, watch};
 use tracing::Instrument;
 
+pub(crate) use alarms::Alarms;
 pub(crate) use policy::Policy;
 pub use signal::Signal;
 

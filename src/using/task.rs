@@ -1,5 +1,6 @@
-//! The extension task of `using()`: sleeps until the [`Policy`] says, extends, records the
-//! outcome, and releases the lock when the scope ends.
+//! The extension task of `using()`: waits (on the `Redlock`'s shared [`Alarms`](super::Alarms))
+//! until the [`Policy`] says, extends, records the outcome, and releases the lock when the scope
+//! ends.
 
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
@@ -79,20 +80,21 @@ async fn extend_until_stopped(
                 tokio::select! {
                     biased;
                     _ = &mut *stop => return End::Stopped,
-                    () = tokio::time::sleep_until(tokio::time::Instant::from_std(at)) => {}
+                    () = lock.alarms().at(tokio::time::Instant::from_std(at)) => {}
                 }
                 continue;
             }
         };
-        let deadline = tokio::time::Instant::from_std(by);
+        let deadline = tokio::time::sleep_until(tokio::time::Instant::from_std(by));
         let round_started = now;
         let outcome = tokio::select! {
             biased;
             _ = &mut *stop => return End::Stopped,
-            outcome = tokio::time::timeout_at(deadline, lock.extend(policy.ttl)) => outcome,
+            outcome = lock.extend(policy.ttl) => Some(outcome),
+            () = deadline => None,
         };
         match outcome {
-            Ok(Ok(())) => {
+            Some(Ok(())) => {
                 lease.expires_at = lock.expires_at();
                 lease.extensions = lease.extensions.saturating_add(1);
                 lease.failed_round = None;
@@ -101,7 +103,7 @@ async fn extend_until_stopped(
                     .events
                     .extended(&state.resources, lease.extensions, lock.remaining());
             }
-            Ok(Err(error)) => {
+            Some(Err(error)) => {
                 state.events.emit(Event::ExtensionFailed {
                     resources: state.resources.to_vec(),
                     error: error.clone(),
@@ -114,7 +116,7 @@ async fn extend_until_stopped(
                 }
                 lease.failed_round = Some(round_started);
             }
-            Err(_) => {
+            None => {
                 // The round outlived its deadline: nothing confirmed the lock in time. The
                 // round was cut short, so there are no per-node errors to report.
                 let error = unconfirmed(state, lease.expires_at);
@@ -144,9 +146,9 @@ fn unconfirmed(state: &State, expires_at: Instant) -> Error {
 const GRID: Duration = Duration::from_millis(25);
 
 /// `at`, moved back to the previous multiple of [`GRID`] (counted from a process-wide
-/// origin): rounds of many locks that fall due within the same 25 ms then start together, and
-/// their requests go to each node in one batched call. Never later than `at`, so the policy's
-/// deadlines hold.
+/// origin): rounds of many locks that fall due within the same 25 ms then wait on the same
+/// instant of the shared timer, start together, and their requests go to each node in one
+/// batched call. Never later than `at`, so the policy's deadlines hold.
 fn on_grid(at: Instant) -> Instant {
     static ORIGIN: LazyLock<Instant> = LazyLock::new(clock::now);
     let origin = *ORIGIN;

@@ -101,10 +101,15 @@ async fn no_task_outlives_the_using_call() {
             .automatic_extension_threshold(200 * MS),
     );
     let metrics = tokio::runtime::Handle::current().metrics();
-    // Warm the connections (each node's connection has its own driver task).
+    // Warm the connections (each node's connection has its own driver task) and the
+    // extension timer (one task for every lock's extension waits), through one extension.
     redlock
-        .using(&["warm"], Duration::from_secs(1), |_| async {
-            Ok::<_, Error>(())
+        .using(&["warm"], 500 * MS, |_| {
+            let events = events.clone();
+            async move {
+                assert!(eventually(|| events.extended() >= 1).await);
+                Ok::<_, Error>(())
+            }
         })
         .await
         .expect("using");
@@ -114,7 +119,7 @@ async fn no_task_outlives_the_using_call() {
             let events = events.clone();
             async move {
                 // Run through a few extensions.
-                assert!(eventually(|| events.extended() >= 3).await);
+                assert!(eventually(|| events.extended() >= 4).await);
                 signal.check()?;
                 Ok::<_, Error>(metrics_now())
             }
