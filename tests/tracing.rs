@@ -27,6 +27,8 @@ struct Captured {
 #[derive(Clone, Default)]
 struct Capture {
     closed: Arc<Mutex<Vec<Captured>>>,
+    /// Log lines: each one's fields, and the spans it was inside, innermost first.
+    events: Arc<Mutex<Vec<(HashMap<String, String>, Vec<Captured>)>>>,
     level: Option<Level>,
 }
 
@@ -59,6 +61,21 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
         let Some(span) = ctx.span(id) else { return };
         if let Some(captured) = span.extensions_mut().get_mut::<Captured>() {
             values.record(&mut Fields(&mut captured.fields));
+        }
+    }
+    fn on_event(&self, event: &tracing::Event<'_>, ctx: Context<'_, S>) {
+        let mut fields = HashMap::new();
+        event.record(&mut Fields(&mut fields));
+        let spans = ctx
+            .event_scope(event)
+            .map(|scope| {
+                scope
+                    .filter_map(|span| span.extensions().get::<Captured>().cloned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Ok(mut events) = self.events.lock() {
+            events.push((fields, spans));
         }
     }
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {
@@ -182,4 +199,41 @@ async fn resource_names_are_recorded_at_debug_level_only() {
     let acquires = capture.named("redfence.acquire");
     assert_eq!(acquires.len(), 1);
     assert!(field(&acquires[0], "names").contains("invoice:4821"));
+}
+
+#[tokio::test]
+async fn a_nodes_log_lines_name_the_node() {
+    let mut servers = Servers::start(3);
+    let capture = Capture {
+        level: Some(Level::DEBUG),
+        ..Capture::default()
+    };
+    let _default = tracing::subscriber::set_default(Registry::default().with(capture.clone()));
+    let redlock = servers.builder().build().expect("config");
+    let lock = redlock.acquire(&["a"], Duration::from_secs(5)).await;
+    lock.expect("acquire").release().await.expect("release");
+    // The node's queue still holds the connection the restart drops: its next call fails,
+    // reconnects and is retried once, with a debug line.
+    servers.restart(0);
+    let lock = redlock.acquire(&["b"], Duration::from_secs(5)).await;
+    lock.expect("acquire").release().await.expect("release");
+
+    let events = capture.events.lock().expect("events").clone();
+    let (_, spans) = events
+        .iter()
+        .find(|(fields, _)| {
+            fields
+                .get("message")
+                .is_some_and(|m| m.contains("retrying the batch"))
+        })
+        .unwrap_or_else(|| panic!("no retry line in {events:?}"));
+    let node = spans
+        .iter()
+        .find(|span| span.name == "redfence.node")
+        .unwrap_or_else(|| panic!("the retry line is in no node span: {spans:?}"));
+    let port = servers.port(0).to_string();
+    assert!(
+        field(node, "node").contains(&format!(":{port}/")),
+        "{node:?} names node 0 (port {port})"
+    );
 }

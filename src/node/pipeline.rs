@@ -27,6 +27,7 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, Script, ServerErrorKind, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Sleep;
+use tracing::Instrument;
 
 use super::connection::LazyConnection;
 use super::socket::OwnedConnection;
@@ -68,10 +69,12 @@ pub(crate) struct Pipeline {
 }
 
 impl Pipeline {
-    /// Starts the serving task, sending over `transport`, on the current runtime.
-    pub(crate) fn start(transport: Transport, node_timeout: Duration) -> Self {
+    /// Starts the serving task, sending over `transport`, on the current runtime. Its log
+    /// lines carry the node's address `addr` (in a `redfence.node` span).
+    pub(crate) fn start(transport: Transport, node_timeout: Duration, addr: &str) -> Self {
         let (jobs, queue) = mpsc::channel(QUEUE_CAPACITY);
-        tokio::spawn(serve(queue, transport, node_timeout));
+        let span = tracing::debug_span!(parent: None, "redfence.node", node = %addr);
+        tokio::spawn(serve(queue, transport, node_timeout).instrument(span));
         Pipeline { jobs }
     }
 

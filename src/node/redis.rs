@@ -68,7 +68,7 @@ impl RedisNode {
                 Some(owned) => Transport::Owned(Box::new(owned)),
                 None => Transport::Shared(Arc::clone(&self.shared)),
             };
-            Arc::new(Pipeline::start(transport, self.node_timeout))
+            Arc::new(Pipeline::start(transport, self.node_timeout, &self.addr))
         }))
     }
 }
