@@ -24,11 +24,13 @@ struct Captured {
     fields: HashMap<String, String>,
 }
 
+/// A log line: its fields, and the spans it was inside, innermost first.
+type LogLine = (HashMap<String, String>, Vec<Captured>);
+
 #[derive(Clone, Default)]
 struct Capture {
     closed: Arc<Mutex<Vec<Captured>>>,
-    /// Log lines: each one's fields, and the spans it was inside, innermost first.
-    events: Arc<Mutex<Vec<(HashMap<String, String>, Vec<Captured>)>>>,
+    events: Arc<Mutex<Vec<LogLine>>>,
     level: Option<Level>,
 }
 
