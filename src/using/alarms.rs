@@ -10,13 +10,16 @@
 //! A round in flight keeps a Tokio timer of its own for its deadline: deadlines are exact
 //! instants, not on the grid, and the timer lives only while the round does.
 //!
-//! If the driver is gone (its runtime shut down while the `Redlock` lives on in another), its
-//! waiters are woken and every wait, new or left, finishes on a timer of its own.
+//! The driver runs on the runtime of the first wait, and only tasks of that runtime wait on it:
+//! a task of another runtime gets a timer of its own, so that no wait depends on a runtime that
+//! may be idle (a current-thread runtime outside `block_on`) or gone. If the driver's runtime
+//! shuts down, its waiters are woken and finish their waits on timers of their own.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
+use tokio::runtime;
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 
@@ -31,6 +34,8 @@ pub(crate) struct Alarms {
 
 /// The registering side of a running driver task.
 struct Driver {
+    /// The runtime the driver task runs on: only waits from tasks of that runtime use it.
+    runtime: runtime::Id,
     /// Held by the driver task; gone when that task is (its runtime shut down).
     schedule: Weak<Mutex<Schedule>>,
     /// Tells the driver that a wait earlier than the one it sleeps for was added. Capacity 1:
@@ -40,7 +45,12 @@ struct Driver {
 
 /// The instants waited for, in order, each with the waiters of that instant. Rounds aligned
 /// to the grid share an instant, so there are few of them.
-type Schedule = BTreeMap<Instant, Arc<Slot>>;
+#[derive(Default)]
+struct Schedule {
+    slots: BTreeMap<Instant, Arc<Slot>>,
+    /// Set when the driver ends: no slot is added after its last wake-up.
+    closed: bool,
+}
 
 /// The waiters of one instant.
 #[derive(Default)]
@@ -77,10 +87,13 @@ impl Alarms {
         let schedule = driver.schedule.upgrade()?;
         let (slot, first) = {
             let mut schedule = locked(&schedule);
-            let slot = Arc::clone(schedule.entry(at).or_default());
+            if schedule.closed {
+                return None;
+            }
+            let slot = Arc::clone(schedule.slots.entry(at).or_default());
             (
                 slot,
-                schedule.first_key_value().map(|(k, _)| *k) == Some(at),
+                schedule.slots.first_key_value().map(|(k, _)| *k) == Some(at),
             )
         };
         if first {
@@ -90,16 +103,19 @@ impl Alarms {
         Some(slot)
     }
 
-    /// The running driver, started now if there is none and a runtime to start it on.
+    /// The running driver, started now if there is none, when the caller runs on the
+    /// driver's runtime. A task of another runtime gets `None` (and a timer of its own): that
+    /// runtime may be idle, or gone, while the caller's runs.
     fn driver(&self) -> Option<&Driver> {
+        let runtime = tokio::runtime::Handle::try_current().ok()?.id();
         if let Some(driver) = self.driver.get() {
-            return Some(driver);
+            return (driver.runtime == runtime).then_some(driver);
         }
-        tokio::runtime::Handle::try_current().ok()?;
         Some(self.driver.get_or_init(|| {
             let schedule = Arc::new(Mutex::new(Schedule::default()));
             let (earlier, wakes) = mpsc::channel(1);
             let driver = Driver {
+                runtime,
                 schedule: Arc::downgrade(&schedule),
                 earlier,
             };
@@ -113,7 +129,9 @@ impl Alarms {
 
 /// Ends every wait on `schedule` now: its waiters wait out the rest on their own timers.
 fn wake_all(schedule: &mut Arc<Mutex<Schedule>>) {
-    for (_, slot) in std::mem::take(&mut *locked(schedule)) {
+    let mut schedule = locked(schedule);
+    schedule.closed = true;
+    for (_, slot) in std::mem::take(&mut schedule.slots) {
         slot.fired.store(true, Ordering::Release);
         slot.notify.notify_waiters();
     }
@@ -136,7 +154,7 @@ async fn drive(schedule: DropGuard<Arc<Mutex<Schedule>>>, mut earlier: mpsc::Rec
         let next = {
             let mut schedule = locked(&schedule);
             let now = Instant::now();
-            while let Some(entry) = schedule.first_entry() {
+            while let Some(entry) = schedule.slots.first_entry() {
                 if *entry.key() > now {
                     break;
                 }
@@ -144,7 +162,7 @@ async fn drive(schedule: DropGuard<Arc<Mutex<Schedule>>>, mut earlier: mpsc::Rec
                 slot.fired.store(true, Ordering::Release);
                 slot.notify.notify_waiters();
             }
-            schedule.first_key_value().map(|(at, _)| *at)
+            schedule.slots.first_key_value().map(|(at, _)| *at)
         };
         match next {
             Some(at) => {
@@ -196,7 +214,7 @@ mod tests {
             "each alarm fires at its own instant, not before"
         );
         let schedule = alarms.driver.get().and_then(|d| d.schedule.upgrade());
-        let left = schedule.map(|s| locked(&s).len());
+        let left = schedule.map(|s| locked(&s).slots.len());
         assert_eq!(left, Some(0), "fired instants leave the schedule");
     }
 
@@ -250,5 +268,28 @@ mod tests {
         assert!(waited >= MS * 20, "not before its instant: {waited:?}");
         let new = new.expect("a new alarm fires without the first runtime's driver");
         assert!(new >= MS * 20, "not before its instant: {new:?}");
+    }
+
+    #[test]
+    fn a_wait_from_another_runtime_does_not_depend_on_the_drivers() {
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .expect("runtime")
+        };
+        let alarms = Arc::new(Alarms::default());
+        // The driver starts in a runtime that stays alive but idle (nothing drives it).
+        let first = runtime();
+        first.block_on(alarms.at(Instant::now()));
+        let second = runtime();
+        let waited = second.block_on(async {
+            let from = Instant::now();
+            let wait = tokio::time::timeout(Duration::from_secs(5), alarms.at(from + MS * 20));
+            wait.await.map(|()| from.elapsed())
+        });
+        let waited = waited.expect("the wait ends though the driver's runtime is idle");
+        assert!(waited >= MS * 20, "not before its instant: {waited:?}");
+        drop(first);
     }
 }

@@ -72,15 +72,23 @@ async fn extend_until_stopped(
                 return End::GaveUp;
             }
             Step::Extend { at, by } if on_grid(at) <= now => by,
-            Step::Extend { at, .. } | Step::Abort { at, .. } => {
-                let at = match step {
-                    Step::Extend { .. } => on_grid(at),
-                    Step::Abort { .. } => at,
-                };
+            Step::Extend { at, .. } => {
+                // On the shared timer: rounds on the same grid instant share its one entry.
+                let at = tokio::time::Instant::from_std(on_grid(at));
                 tokio::select! {
                     biased;
                     _ = &mut *stop => return End::Stopped,
-                    () = lock.alarms().at(tokio::time::Instant::from_std(at)) => {}
+                    () = lock.alarms().at(at) => {}
+                }
+                continue;
+            }
+            Step::Abort { at, .. } => {
+                // Off the grid, an instant of this lock alone: a timer of its own, freed as
+                // soon as the scope ends (a shared entry would stay until the instant).
+                tokio::select! {
+                    biased;
+                    _ = &mut *stop => return End::Stopped,
+                    () = tokio::time::sleep_until(tokio::time::Instant::from_std(at)) => {}
                 }
                 continue;
             }
