@@ -123,6 +123,9 @@ impl Socket {
                 self.input.drain(..self.read_at);
                 self.read_at = 0;
             }
+            if self.input.len() > MAX_REPLY {
+                return Err(too_long(self.input.len()));
+            }
             self.input.reserve(READ_CHUNK);
             if self.stream.read_buf(&mut self.input).await? == 0 {
                 return Err(closed());
@@ -145,6 +148,19 @@ fn stalled(unsent: usize) -> RedisError {
     RedisError::from(io::Error::new(
         io::ErrorKind::TimedOut,
         format!("the server has not read the last {unsent} bytes sent to it; not sending more"),
+    ))
+}
+
+/// The longest reply a node's own connection reads. Its calls' replies are at most tens of
+/// KiB (one short value per operation of a batch); a peer that sends more is not the Redis
+/// server expected, and its connection is dropped instead of buffering without bound.
+const MAX_REPLY: usize = 1024 * 1024;
+
+fn too_long(buffered: usize) -> RedisError {
+    RedisError::from((
+        ErrorKind::Parse,
+        "reply too long",
+        format!("{buffered} bytes without a whole reply; is this a Redis server?"),
     ))
 }
 
@@ -469,5 +485,29 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(1), "failed at once");
         assert!(conn.is_connected(), "a stalled socket is kept");
         assert!(conn.unsettled());
+    }
+
+    /// A peer that is not the Redis server expected (it announces a huge reply and streams
+    /// bytes) fails the call once `MAX_REPLY` bytes are buffered, instead of filling memory.
+    #[tokio::test]
+    async fn a_reply_longer_than_the_cap_fails_the_call() {
+        let (mut socket, mut peer) = pair().await;
+        let streamer = tokio::spawn(async move {
+            let mut request = [0_u8; 64];
+            let _ = peer.read(&mut request).await;
+            let _ = peer.write_all(b"$999999999999\r\n").await;
+            let chunk = vec![b'x'; 64 * 1024];
+            // Stops once the client drops the connection.
+            while peer.write_all(&chunk).await.is_ok() {}
+        });
+        let ping = redis::cmd("PING");
+        let call = tokio::time::timeout(Duration::from_secs(10), socket.call(&ping));
+        let err = call.await.expect("fails, not hangs").expect_err("too long");
+        assert_eq!(err.kind(), ErrorKind::Parse, "{err}");
+        // One read fills what the buffer reserved, up to its doubled capacity.
+        let buffered = socket.input.len();
+        assert!(buffered <= 2 * MAX_REPLY + READ_CHUNK, "{buffered}");
+        drop(socket);
+        streamer.await.expect("streamer");
     }
 }
