@@ -345,6 +345,7 @@ async fn connect(
     let handshake = async {
         let stream = TcpStream::connect((host.as_str(), port)).await?;
         stream.set_nodelay(true)?;
+        notice_silent_drops(&stream)?;
         let mut socket = Socket::new(stream);
         let settings = info.redis_settings();
         if let Some(password) = settings.password() {
@@ -369,6 +370,37 @@ async fn connect(
             format!("connecting took longer than {limit:?}"),
         ))),
     }
+}
+
+/// Idle time before the first keep-alive probe on a node's own socket.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+/// Time between keep-alive probes, and how many go unanswered before the socket fails.
+#[cfg(target_os = "linux")]
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+#[cfg(target_os = "linux")]
+const KEEPALIVE_PROBES: u32 = 3;
+/// How long written bytes may stay unacknowledged by the peer's kernel before the socket fails.
+#[cfg(target_os = "linux")]
+const UNACKNOWLEDGED_LIMIT: Duration = Duration::from_secs(30);
+
+/// Makes the kernel notice a connection the network dropped without a word: a host gone
+/// without a reset, a NAT or load balancer that forgot an idle connection. Without this, a
+/// given-up call keeps the socket (its late reply is awaited), so every call to the node would
+/// time out until the kernel gave up retransmitting, about 15 minutes. With it, the socket
+/// fails within about a minute (keep-alive probes after 30 s idle, every 10 s, 3 of them; or
+/// 30 s of unacknowledged data, on Linux), and the next call reconnects. The probes also keep
+/// an idle connection alive through middleboxes that time idle connections out.
+fn notice_silent_drops(stream: &TcpStream) -> io::Result<()> {
+    let socket = socket2::SockRef::from(stream);
+    let keepalive = socket2::TcpKeepalive::new().with_time(KEEPALIVE_IDLE);
+    #[cfg(target_os = "linux")]
+    let keepalive = keepalive
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    socket.set_tcp_keepalive(&keepalive)?;
+    #[cfg(target_os = "linux")]
+    socket.set_tcp_user_timeout(Some(UNACKNOWLEDGED_LIMIT))?;
+    Ok(())
 }
 
 /// `AUTH [user] password`. A server older than ACLs (Redis 5) takes no user name: then the
@@ -509,5 +541,33 @@ mod tests {
         assert!(buffered <= 2 * MAX_REPLY + READ_CHUNK, "{buffered}");
         drop(socket);
         streamer.await.expect("streamer");
+    }
+
+    /// The socket a node's connection makes notices a silently dropped connection: keep-alive
+    /// probes after 30 s idle and, on Linux, a bound on unacknowledged data.
+    #[tokio::test]
+    async fn a_new_connection_probes_an_idle_peer() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let info: ConnectionInfo = format!("redis://127.0.0.1:{port}").parse().expect("url");
+        let (socket, _peer) = tokio::join!(
+            connect(info, "127.0.0.1".into(), port, None, Duration::from_secs(5)),
+            listener.accept()
+        );
+        let socket = socket.expect("connect");
+        let options = socket2::SockRef::from(&socket.stream);
+        assert!(options.keepalive().expect("SO_KEEPALIVE"));
+        assert_eq!(options.tcp_keepalive_time().expect("idle"), KEEPALIVE_IDLE);
+        #[cfg(target_os = "linux")]
+        {
+            let interval = options.tcp_keepalive_interval().expect("interval");
+            assert_eq!(interval, KEEPALIVE_INTERVAL);
+            assert_eq!(
+                options.tcp_keepalive_retries().expect("probes"),
+                KEEPALIVE_PROBES
+            );
+            let limit = options.tcp_user_timeout().expect("TCP_USER_TIMEOUT");
+            assert_eq!(limit, Some(UNACKNOWLEDGED_LIMIT));
+        }
     }
 }
