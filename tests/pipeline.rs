@@ -289,3 +289,72 @@ async fn a_handshake_slower_than_the_node_timeout_still_connects() {
     };
     lock.release().await.expect("release");
 }
+
+/// A current-thread runtime, for the tests of calls from more than one runtime.
+fn current_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+#[test]
+fn a_call_from_another_runtime_fails_in_time_while_the_queues_runtime_is_idle() {
+    let servers = Servers::start(3);
+    let redlock = servers
+        .builder()
+        .node_timeout(Duration::from_millis(100))
+        .retry_count(0)
+        .build()
+        .expect("config");
+    // The node queues start on this runtime, which then stays alive but idle.
+    let first = current_thread_runtime();
+    first.block_on(async {
+        let lock = redlock.acquire(&["first"], TTL).await.expect("acquire");
+        lock.release().await.expect("release");
+    });
+    let second = current_thread_runtime();
+    let outcome = second.block_on(async {
+        let attempt = redlock.try_acquire(&["second"], TTL);
+        tokio::time::timeout(Duration::from_secs(10), attempt).await
+    });
+    let err = match outcome {
+        Err(_) => panic!("a call from another runtime hung while the queues' runtime was idle"),
+        Ok(Ok(_)) => panic!("granted without any node answering"),
+        Ok(Err(err)) => err,
+    };
+    let Error::QuorumUnreachable { errors, .. } = &err else {
+        panic!("not QuorumUnreachable: {err}");
+    };
+    assert_eq!(errors.len(), 3, "{err}");
+    assert!(
+        errors
+            .iter()
+            .all(|f| f.to_string().contains("another Tokio runtime")),
+        "each node says why: {err}"
+    );
+    // Nothing was sent, so nothing is held.
+    assert!((0..3).all(|n| servers.get(n, "second").is_none()));
+    drop(first);
+}
+
+#[test]
+fn after_the_queues_runtime_shuts_down_the_next_runtime_gets_queues_of_its_own() {
+    let servers = Servers::start(3);
+    let redlock = servers.redlock();
+    let first = current_thread_runtime();
+    first.block_on(async {
+        let lock = redlock.acquire(&["first"], TTL).await.expect("acquire");
+        lock.release().await.expect("release");
+    });
+    drop(first);
+    let second = current_thread_runtime();
+    let token = second.block_on(async {
+        let lock = redlock.acquire(&["second"], TTL).await.expect("acquire");
+        let token = lock.token().to_owned();
+        assert_eq!(servers.holders("second", &token, 0..3).len(), 3);
+        lock.release().await.expect("release");
+        token
+    });
+    assert!(servers.holders("second", &token, 0..3).is_empty());
+}

@@ -21,10 +21,12 @@ use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::LazyLock;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, Script, ServerErrorKind, Value};
+use tokio::runtime;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Sleep;
 use tracing::Instrument;
@@ -66,16 +68,88 @@ enum Job {
 /// (the node) is dropped.
 pub(crate) struct Pipeline {
     jobs: mpsc::Sender<Job>,
+    /// The runtime the serving task runs on.
+    runtime: runtime::Id,
+    /// When the serving task last took a request or finished a call.
+    progress: Arc<Progress>,
+}
+
+/// An instant, stored as microseconds since a process-wide origin (on [`clock::now`]).
+#[derive(Default)]
+struct Progress(AtomicU64);
+
+static ORIGIN: LazyLock<Instant> = LazyLock::new(clock::now);
+
+impl Progress {
+    fn mark(&self) {
+        let micros = clock::since(*ORIGIN).as_micros();
+        self.0
+            .store(u64::try_from(micros).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// How long ago the last mark was.
+    fn age(&self) -> Duration {
+        let at = Duration::from_micros(self.0.load(Ordering::Relaxed));
+        clock::since(*ORIGIN).saturating_sub(at)
+    }
 }
 
 impl Pipeline {
     /// Starts the serving task, sending over `transport`, on the current runtime. Its log
     /// lines carry the node's address `addr` (in a `redfence.node` span).
-    pub(crate) fn start(transport: Transport, node_timeout: Duration, addr: &str) -> Self {
+    pub(crate) fn start(
+        transport: Transport,
+        node_timeout: Duration,
+        addr: &str,
+        runtime: runtime::Id,
+    ) -> Self {
         let (jobs, queue) = mpsc::channel(QUEUE_CAPACITY);
+        let progress = Arc::new(Progress::default());
+        progress.mark();
         let span = tracing::debug_span!(parent: None, "redfence.node", node = %addr);
-        tokio::spawn(serve(queue, transport, node_timeout).instrument(span));
-        Pipeline { jobs }
+        let serving = serve(queue, transport, node_timeout, Arc::clone(&progress));
+        tokio::spawn(serving.instrument(span));
+        Pipeline {
+            jobs,
+            runtime,
+            progress,
+        }
+    }
+
+    /// Whether the serving task is gone (its runtime shut down).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.jobs.is_closed()
+    }
+
+    /// The runtime the serving task runs on.
+    pub(crate) fn runtime(&self) -> runtime::Id {
+        self.runtime
+    }
+
+    /// Waits for `answer`, from a task of another runtime than the serving task's. That
+    /// runtime may be idle (a current-thread runtime outside `block_on`), and then nothing
+    /// serves the queue: once `node_timeout` has passed without an answer and without the
+    /// serving task taking a request or finishing a call, the request fails. A queue that
+    /// keeps serving others is waited for, as from its own runtime.
+    pub(crate) async fn answer_from_another_runtime(
+        &self,
+        mut answer: oneshot::Receiver<Result<i64, NodeFailure>>,
+        node_timeout: Duration,
+    ) -> Result<i64, NodeFailure> {
+        loop {
+            match tokio::time::timeout(node_timeout, &mut answer).await {
+                Ok(Ok(reply)) => return reply,
+                Ok(Err(_)) => return Err(stopped()),
+                Err(_) if self.progress.age() >= node_timeout => {
+                    return Err(NodeFailure::Reply(redis::RedisError::from((
+                        ErrorKind::Client,
+                        "the node's request queue runs on another Tokio runtime, which is not \
+                         running (a current-thread runtime outside block_on?)",
+                    ))));
+                }
+                Err(_) => {}
+            }
+        }
     }
 
     /// Queues `req`; the reply arrives once its batch has run (or failed).
@@ -105,6 +179,14 @@ impl Pipeline {
     }
 }
 
+/// The serving task is gone: its runtime shut down.
+pub(crate) fn stopped() -> NodeFailure {
+    NodeFailure::Reply(redis::RedisError::from((
+        ErrorKind::Client,
+        "the node's request queue stopped (its runtime shut down)",
+    )))
+}
+
 fn closed() -> NodeFailure {
     NodeFailure::Reply(redis::RedisError::from((
         redis::ErrorKind::Client,
@@ -113,7 +195,12 @@ fn closed() -> NodeFailure {
 }
 
 /// Serves the queue until every sender is gone.
-async fn serve(mut queue: mpsc::Receiver<Job>, mut transport: Transport, timeout: Duration) {
+async fn serve(
+    mut queue: mpsc::Receiver<Job>,
+    mut transport: Transport,
+    timeout: Duration,
+    progress: Arc<Progress>,
+) {
     // Requests taken off the queue but not sent yet, in order: the one that did not fit the
     // last batch, and those that waited behind a hung call (their callers already answered).
     let mut backlog: VecDeque<Job> = VecDeque::new();
@@ -130,6 +217,7 @@ async fn serve(mut queue: mpsc::Receiver<Job>, mut transport: Transport, timeout
                 None => return,
             },
         };
+        progress.mark();
         let mut batch = Batch::default();
         batch.push(first);
         // Coalesce what is already waiting, up to the caps, in order.
@@ -152,7 +240,9 @@ async fn serve(mut queue: mpsc::Receiver<Job>, mut transport: Transport, timeout
         if let Some(at) = tokio::time::Instant::from_std(clock::now()).checked_add(timeout) {
             deadline.as_mut().reset(at);
         }
-        if let Err(failure) = batch.run(&mut transport, timeout, deadline.as_mut()).await {
+        let ran = batch.run(&mut transport, timeout, deadline.as_mut()).await;
+        progress.mark();
+        if let Err(failure) = ran {
             batch.fail(&failure);
             if matches!(failure, NodeFailure::Timeout(_)) {
                 // Every request queued behind a hung call has waited long enough: answer it

@@ -1,6 +1,6 @@
 //! One Redis master: the lock scripts over a lazy, shared `LazyConnection`.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -25,8 +25,9 @@ pub(crate) struct RedisNode {
     node_timeout: Duration,
     /// Tracks the background connects of the queue's own connection.
     tasks: TaskTracker,
-    /// The node's request queue, started inside the runtime of the first call.
-    pipeline: Arc<OnceLock<Arc<Pipeline>>>,
+    /// The node's request queue, started inside the runtime of the first call, and again
+    /// in the caller's runtime if that one shut down.
+    pipeline: Arc<Mutex<Option<Arc<Pipeline>>>>,
 }
 
 impl RedisNode {
@@ -45,31 +46,42 @@ impl RedisNode {
         }
     }
 
-    /// The node's request queue, started on first use (inside a Tokio runtime).
-    fn pipeline(&self) -> Result<&Arc<Pipeline>, NodeFailure> {
-        if let Some(pipeline) = self.pipeline.get() {
-            return Ok(pipeline);
+    /// The node's request queue, started on first use (inside a Tokio runtime), and started
+    /// anew when the runtime it ran on shut down. Requests the old queue had not sent were
+    /// answered with its failure; nothing they held is lost, since an unsent acquire never
+    /// landed.
+    fn pipeline(&self) -> Result<Arc<Pipeline>, NodeFailure> {
+        let mut current = self.pipeline.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(pipeline) = current.as_ref()
+            && !pipeline.is_closed()
+        {
+            return Ok(Arc::clone(pipeline));
         }
-        if tokio::runtime::Handle::try_current().is_err() {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Err(NodeFailure::Reply(redis::RedisError::from((
                 redis::ErrorKind::Client,
                 "redfence needs a Tokio runtime to talk to a node",
             ))));
-        }
-        Ok(self.pipeline.get_or_init(|| {
-            // A plain TCP node gets a socket of the queue's own; TLS and Unix-socket nodes
-            // share redis-rs's connection.
-            let transport = match OwnedConnection::for_plain_tcp(
-                self.shared.client().get_connection_info(),
-                Some(pipeline::load_batch_script()),
-                connect_timeout(self.node_timeout),
-                self.tasks.clone(),
-            ) {
-                Some(owned) => Transport::Owned(Box::new(owned)),
-                None => Transport::Shared(Arc::clone(&self.shared)),
-            };
-            Arc::new(Pipeline::start(transport, self.node_timeout, &self.addr))
-        }))
+        };
+        // A plain TCP node gets a socket of the queue's own; TLS and Unix-socket nodes share
+        // redis-rs's connection.
+        let transport = match OwnedConnection::for_plain_tcp(
+            self.shared.client().get_connection_info(),
+            Some(pipeline::load_batch_script()),
+            connect_timeout(self.node_timeout),
+            self.tasks.clone(),
+        ) {
+            Some(owned) => Transport::Owned(Box::new(owned)),
+            None => Transport::Shared(Arc::clone(&self.shared)),
+        };
+        let pipeline = Arc::new(Pipeline::start(
+            transport,
+            self.node_timeout,
+            &self.addr,
+            runtime.id(),
+        ));
+        *current = Some(Arc::clone(&pipeline));
+        Ok(pipeline)
     }
 }
 
@@ -81,18 +93,21 @@ fn connect_timeout(node_timeout: Duration) -> Duration {
 
 impl Node for RedisNode {
     fn call(&self, req: &Request) -> BoxFuture<'static, Result<i64, NodeFailure>> {
-        let queued = self
-            .pipeline()
-            .and_then(|pipeline| pipeline.submit(req.clone()));
+        let queued = self.pipeline().and_then(|pipeline| {
+            let answer = pipeline.submit(req.clone())?;
+            let elsewhere = tokio::runtime::Handle::try_current()
+                .is_ok_and(|runtime| runtime.id() != pipeline.runtime());
+            Ok((pipeline, answer, elsewhere))
+        });
+        let node_timeout = self.node_timeout;
         Box::pin(async move {
-            match queued?.await {
-                Ok(reply) => reply,
-                // The serving task is gone: its runtime shut down.
-                Err(_) => Err(NodeFailure::Reply(redis::RedisError::from((
-                    redis::ErrorKind::Client,
-                    "the node's request queue stopped (its runtime shut down)",
-                )))),
+            let (pipeline, answer, elsewhere) = queued?;
+            if elsewhere {
+                return pipeline
+                    .answer_from_another_runtime(answer, node_timeout)
+                    .await;
             }
+            answer.await.unwrap_or_else(|_| Err(pipeline::stopped()))
         })
     }
 
@@ -101,7 +116,11 @@ impl Node for RedisNode {
     }
 
     fn flush(&self) -> BoxFuture<'static, ()> {
-        let pipeline = self.pipeline.get().cloned();
+        let pipeline = self
+            .pipeline
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         Box::pin(async move {
             if let Some(pipeline) = pipeline {
                 pipeline.flush().await;
