@@ -68,8 +68,9 @@ enum Job {
 /// (the node) is dropped.
 pub(crate) struct Pipeline {
     jobs: mpsc::Sender<Job>,
-    /// The runtime the serving task runs on.
-    runtime: runtime::Id,
+    /// Whether the serving task runs on a current-thread runtime, which runs its tasks only
+    /// inside `block_on`: its callers then wait with a watchdog.
+    watched: bool,
     /// When the serving task last took a request or finished a call.
     progress: Arc<Progress>,
 }
@@ -101,7 +102,7 @@ impl Pipeline {
         transport: Transport,
         node_timeout: Duration,
         addr: &str,
-        runtime: runtime::Id,
+        flavor: runtime::RuntimeFlavor,
     ) -> Self {
         let (jobs, queue) = mpsc::channel(QUEUE_CAPACITY);
         let progress = Arc::new(Progress::default());
@@ -111,7 +112,7 @@ impl Pipeline {
         tokio::spawn(serving.instrument(span));
         Pipeline {
             jobs,
-            runtime,
+            watched: flavor == runtime::RuntimeFlavor::CurrentThread,
             progress,
         }
     }
@@ -121,17 +122,19 @@ impl Pipeline {
         self.jobs.is_closed()
     }
 
-    /// The runtime the serving task runs on.
-    pub(crate) fn runtime(&self) -> runtime::Id {
-        self.runtime
+    /// Whether callers wait for their answers with [`watch`](Pipeline::watch): the serving
+    /// task runs on a current-thread runtime. (A multi-thread runtime runs its tasks for as
+    /// long as it lives, and a queue whose runtime is gone is closed.)
+    pub(crate) fn watched(&self) -> bool {
+        self.watched
     }
 
-    /// Waits for `answer`, from a task of another runtime than the serving task's. That
-    /// runtime may be idle (a current-thread runtime outside `block_on`), and then nothing
+    /// Waits for `answer` with a watchdog. The serving task's current-thread runtime may be
+    /// idle, outside `block_on`, while the caller runs on another runtime, and then nothing
     /// serves the queue: once `node_timeout` has passed without an answer and without the
     /// serving task taking a request or finishing a call, the request fails. A queue that
-    /// keeps serving others is waited for, as from its own runtime.
-    pub(crate) async fn answer_from_another_runtime(
+    /// keeps serving others is waited for, however long.
+    pub(crate) async fn watch(
         &self,
         mut answer: oneshot::Receiver<Result<i64, NodeFailure>>,
         node_timeout: Duration,

@@ -1,6 +1,6 @@
 //! One Redis master: the lock scripts over a lazy, shared `LazyConnection`.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -25,9 +25,10 @@ pub(crate) struct RedisNode {
     node_timeout: Duration,
     /// Tracks the background connects of the queue's own connection.
     tasks: TaskTracker,
-    /// The node's request queue, started inside the runtime of the first call, and again
-    /// in the caller's runtime if that one shut down.
-    pipeline: Arc<Mutex<Option<Arc<Pipeline>>>>,
+    /// The node's request queue, started inside the runtime of the first call.
+    pipeline: Arc<OnceLock<Arc<Pipeline>>>,
+    /// The queue started again on a caller's runtime, once the first one's runtime shut down.
+    restarted: Arc<Mutex<Option<Arc<Pipeline>>>>,
 }
 
 impl RedisNode {
@@ -43,19 +44,20 @@ impl RedisNode {
             node_timeout,
             tasks,
             pipeline: Arc::default(),
+            restarted: Arc::default(),
         }
     }
 
-    /// The node's request queue, started on first use (inside a Tokio runtime), and started
-    /// anew when the runtime it ran on shut down. Requests the old queue had not sent were
-    /// answered with its failure; nothing they held is lost, since an unsent acquire never
-    /// landed.
-    fn pipeline(&self) -> Result<Arc<Pipeline>, NodeFailure> {
-        let mut current = self.pipeline.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(pipeline) = current.as_ref()
-            && !pipeline.is_closed()
+    /// Runs `submit` on the node's request queue: the first one, started on first use (inside
+    /// a Tokio runtime), while its runtime runs; after that runtime shut down, one started
+    /// again on the caller's. Requests the old queue had not sent were answered with its
+    /// failure; nothing they held is lost, since an unsent acquire never landed.
+    fn with_pipeline<R>(&self, submit: impl FnOnce(&Arc<Pipeline>) -> R) -> Result<R, NodeFailure> {
+        // The usual path, lock-free: the first queue, still served.
+        if let Some(first) = self.pipeline.get()
+            && !first.is_closed()
         {
-            return Ok(Arc::clone(pipeline));
+            return Ok(submit(first));
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Err(NodeFailure::Reply(redis::RedisError::from((
@@ -63,6 +65,36 @@ impl RedisNode {
                 "redfence needs a Tokio runtime to talk to a node",
             ))));
         };
+        if self.pipeline.get().is_none() {
+            let first = self.pipeline.get_or_init(|| self.start(&runtime));
+            if !first.is_closed() {
+                return Ok(submit(first));
+            }
+        }
+        let mut restarted = self
+            .restarted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match restarted.as_ref() {
+            Some(pipeline) if !pipeline.is_closed() => Ok(submit(pipeline)),
+            _ => Ok(submit(restarted.insert(self.start(&runtime)))),
+        }
+    }
+
+    /// The queue requests go to now, if one was started.
+    fn current(&self) -> Option<Arc<Pipeline>> {
+        match self.pipeline.get() {
+            Some(first) if !first.is_closed() => Some(Arc::clone(first)),
+            _ => self
+                .restarted
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone(),
+        }
+    }
+
+    /// A new request queue on `runtime`.
+    fn start(&self, runtime: &tokio::runtime::Handle) -> Arc<Pipeline> {
         // A plain TCP node gets a socket of the queue's own; TLS and Unix-socket nodes share
         // redis-rs's connection.
         let transport = match OwnedConnection::for_plain_tcp(
@@ -74,14 +106,12 @@ impl RedisNode {
             Some(owned) => Transport::Owned(Box::new(owned)),
             None => Transport::Shared(Arc::clone(&self.shared)),
         };
-        let pipeline = Arc::new(Pipeline::start(
+        Arc::new(Pipeline::start(
             transport,
             self.node_timeout,
             &self.addr,
-            runtime.id(),
-        ));
-        *current = Some(Arc::clone(&pipeline));
-        Ok(pipeline)
+            runtime.runtime_flavor(),
+        ))
     }
 }
 
@@ -93,21 +123,17 @@ fn connect_timeout(node_timeout: Duration) -> Duration {
 
 impl Node for RedisNode {
     fn call(&self, req: &Request) -> BoxFuture<'static, Result<i64, NodeFailure>> {
-        let queued = self.pipeline().and_then(|pipeline| {
+        let queued = self.with_pipeline(|pipeline| {
             let answer = pipeline.submit(req.clone())?;
-            let elsewhere = tokio::runtime::Handle::try_current()
-                .is_ok_and(|runtime| runtime.id() != pipeline.runtime());
-            Ok((pipeline, answer, elsewhere))
+            Ok::<_, NodeFailure>((answer, pipeline.watched().then(|| Arc::clone(pipeline))))
         });
         let node_timeout = self.node_timeout;
         Box::pin(async move {
-            let (pipeline, answer, elsewhere) = queued?;
-            if elsewhere {
-                return pipeline
-                    .answer_from_another_runtime(answer, node_timeout)
-                    .await;
+            let (answer, watched) = queued??;
+            match watched {
+                Some(pipeline) => pipeline.watch(answer, node_timeout).await,
+                None => answer.await.unwrap_or_else(|_| Err(pipeline::stopped())),
             }
-            answer.await.unwrap_or_else(|_| Err(pipeline::stopped()))
         })
     }
 
@@ -116,11 +142,7 @@ impl Node for RedisNode {
     }
 
     fn flush(&self) -> BoxFuture<'static, ()> {
-        let pipeline = self
-            .pipeline
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let pipeline = self.current();
         Box::pin(async move {
             if let Some(pipeline) = pipeline {
                 pipeline.flush().await;
