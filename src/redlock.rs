@@ -27,7 +27,7 @@ use crate::{Event, InvalidInput};
 ///
 /// **Runtimes.** The node queues run on the Tokio runtime of the first call. Calls from
 /// another runtime are served while that one runs (a multi-thread runtime always does). If it
-/// is a current-thread runtime left idle outside `block_on`, such calls fail after
+/// is a current-thread runtime left idle outside `block_on`, such calls fail after twice
 /// `node_timeout` with a node error that says so, instead of waiting for it; if it shut down,
 /// the next call starts the queues again on the caller's runtime.
 ///

@@ -131,9 +131,12 @@ impl Pipeline {
 
     /// Waits for `answer` with a watchdog. The serving task's current-thread runtime may be
     /// idle, outside `block_on`, while the caller runs on another runtime, and then nothing
-    /// serves the queue: once `node_timeout` has passed without an answer and without the
-    /// serving task taking a request or finishing a call, the request fails. A queue that
-    /// keeps serving others is waited for, however long.
+    /// serves the queue: once twice `node_timeout` has passed without an answer and without
+    /// the serving task taking a request or finishing a call, the request fails. A queue that
+    /// keeps serving others is waited for, however long. (Twice: a call the node does not
+    /// answer is the queue's to time out, after `node_timeout`, and to answer with the
+    /// timeout together with every request queued behind it; a watchdog that fired first
+    /// would let this caller's next request slip in behind the hung call.)
     pub(crate) async fn watch(
         &self,
         mut answer: oneshot::Receiver<Result<i64, NodeFailure>>,
@@ -143,7 +146,7 @@ impl Pipeline {
             match tokio::time::timeout(node_timeout, &mut answer).await {
                 Ok(Ok(reply)) => return reply,
                 Ok(Err(_)) => return Err(stopped()),
-                Err(_) if self.progress.age() >= node_timeout => {
+                Err(_) if self.progress.age() >= node_timeout.saturating_mul(2) => {
                     return Err(NodeFailure::Reply(redis::RedisError::from((
                         ErrorKind::Client,
                         "the node's request queue runs on another Tokio runtime, which is not \
