@@ -190,6 +190,14 @@ mod tests {
 
     const MS: Duration = Duration::from_millis(1);
 
+    /// A runtime of its own, for the tests of waits from more than one runtime.
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime")
+    }
+
     #[tokio::test(start_paused = true)]
     async fn alarms_fire_in_order_at_their_instants() {
         let alarms = Arc::new(Alarms::default());
@@ -234,12 +242,6 @@ mod tests {
 
     #[test]
     fn without_the_driver_an_alarm_has_a_timer_of_its_own() {
-        let runtime = || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .build()
-                .expect("runtime")
-        };
         let alarms = Arc::new(Alarms::default());
         // The driver starts in a runtime that then shuts down, with an alarm waiting on it.
         let first = runtime();
@@ -272,12 +274,6 @@ mod tests {
 
     #[test]
     fn a_wait_from_another_runtime_does_not_depend_on_the_drivers() {
-        let runtime = || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .build()
-                .expect("runtime")
-        };
         let alarms = Arc::new(Alarms::default());
         // The driver starts in a runtime that stays alive but idle (nothing drives it).
         let first = runtime();
