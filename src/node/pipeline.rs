@@ -18,6 +18,7 @@
 //!   [`NodeFailure::Overloaded`] instead of queueing without bound.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::LazyLock;
@@ -73,6 +74,7 @@ pub(crate) struct Pipeline {
     watched: bool,
     /// When the serving task last took a request or finished a call.
     progress: Arc<Progress>,
+    node_timeout: Duration,
 }
 
 /// An instant, stored as microseconds since a process-wide origin (on [`clock::now`]).
@@ -114,6 +116,7 @@ impl Pipeline {
             jobs,
             watched: flavor == runtime::RuntimeFlavor::CurrentThread,
             progress,
+            node_timeout,
         }
     }
 
@@ -122,36 +125,50 @@ impl Pipeline {
         self.jobs.is_closed()
     }
 
-    /// Whether callers wait for their answers with [`watch`](Pipeline::watch): the serving
-    /// task runs on a current-thread runtime. (A multi-thread runtime runs its tasks for as
+    /// Whether callers wait for their answers with a watchdog ([`served`](Pipeline::served)):
+    /// the serving task runs on a current-thread runtime. (A multi-thread runtime runs its tasks for as
     /// long as it lives, and a queue whose runtime is gone is closed.)
     pub(crate) fn watched(&self) -> bool {
         self.watched
     }
 
-    /// Waits for `answer` with a watchdog. The serving task's current-thread runtime may be
-    /// idle, outside `block_on`, while the caller runs on another runtime, and then nothing
-    /// serves the queue: once twice `node_timeout` has passed without an answer and without
-    /// the serving task taking a request or finishing a call, the request fails. A queue that
-    /// keeps serving others is waited for, however long. (Twice: a call the node does not
-    /// answer is the queue's to time out, after `node_timeout`, and to answer with the
-    /// timeout together with every request queued behind it; a watchdog that fired first
-    /// would let this caller's next request slip in behind the hung call.)
-    pub(crate) async fn watch(
+    /// Waits for `answer`, with the watchdog of [`served`](Pipeline::served) when the queue
+    /// is [`watched`](Pipeline::watched).
+    pub(crate) async fn answer(
         &self,
-        mut answer: oneshot::Receiver<Result<i64, NodeFailure>>,
-        node_timeout: Duration,
+        answer: oneshot::Receiver<Result<i64, NodeFailure>>,
     ) -> Result<i64, NodeFailure> {
+        let answer = if self.watched {
+            self.served(answer).await
+        } else {
+            Some(answer.await)
+        };
+        match answer {
+            Some(Ok(reply)) => reply,
+            Some(Err(_)) => Err(stopped()),
+            None => Err(NodeFailure::Reply(redis::RedisError::from((
+                ErrorKind::Client,
+                "the node's request queue runs on another Tokio runtime, which is not \
+                 running (a current-thread runtime outside block_on?)",
+            )))),
+        }
+    }
+
+    /// `wait`, given up (`None`) once twice `node_timeout` has passed without the serving
+    /// task taking a request or finishing a call: the serving task's current-thread runtime
+    /// may be idle, outside `block_on`, while the caller runs on another runtime, and then
+    /// nothing serves the queue. A queue that keeps serving others is waited for, however
+    /// long. (Twice: a call the node does not answer is the queue's to time out, after
+    /// `node_timeout`, and to answer with the timeout together with every request queued
+    /// behind it; a watchdog that fired first would let the caller's next request slip in
+    /// behind the hung call.)
+    async fn served<F: Future>(&self, wait: F) -> Option<F::Output> {
+        tokio::pin!(wait);
         loop {
-            match tokio::time::timeout(node_timeout, &mut answer).await {
-                Ok(Ok(reply)) => return reply,
-                Ok(Err(_)) => return Err(stopped()),
-                Err(_) if self.progress.age() >= node_timeout.saturating_mul(2) => {
-                    return Err(NodeFailure::Reply(redis::RedisError::from((
-                        ErrorKind::Client,
-                        "the node's request queue runs on another Tokio runtime, which is not \
-                         running (a current-thread runtime outside block_on?)",
-                    ))));
+            match tokio::time::timeout(self.node_timeout, &mut wait).await {
+                Ok(out) => return Some(out),
+                Err(_) if self.progress.age() >= self.node_timeout.saturating_mul(2) => {
+                    return None;
                 }
                 Err(_) => {}
             }
@@ -176,11 +193,19 @@ impl Pipeline {
         }
     }
 
-    /// Resolves once every request queued before it has run (or failed).
+    /// Resolves once every request queued before it has run (or failed); on a watched queue
+    /// that nothing serves, once the watchdog gives up.
     pub(crate) async fn flush(&self) {
-        let (done, flushed) = oneshot::channel();
-        if self.jobs.send(Job::Flush(done)).await.is_ok() {
-            let _ = flushed.await;
+        let flush = async {
+            let (done, flushed) = oneshot::channel();
+            if self.jobs.send(Job::Flush(done)).await.is_ok() {
+                let _ = flushed.await;
+            }
+        };
+        if self.watched {
+            self.served(flush).await;
+        } else {
+            flush.await;
         }
     }
 }

@@ -127,11 +127,10 @@ impl Node for RedisNode {
             let answer = pipeline.submit(req.clone())?;
             Ok::<_, NodeFailure>((answer, pipeline.watched().then(|| Arc::clone(pipeline))))
         });
-        let node_timeout = self.node_timeout;
         Box::pin(async move {
             let (answer, watched) = queued??;
             match watched {
-                Some(pipeline) => pipeline.watch(answer, node_timeout).await,
+                Some(pipeline) => pipeline.answer(answer).await,
                 None => answer.await.unwrap_or_else(|_| Err(pipeline::stopped())),
             }
         })
