@@ -1,12 +1,14 @@
 //! One lock server as the quorum logic sees it: the [`Node`] trait, the request it runs, and
 //! its Redis implementation. Unit tests run the same logic over fake nodes.
 
+mod batch;
 #[cfg(feature = "cluster")]
 mod cluster;
 pub(crate) mod connect;
 mod connection;
 #[cfg(test)]
 pub(crate) mod fake;
+mod owned_connection;
 mod pipeline;
 mod redis;
 mod resp;
@@ -14,6 +16,7 @@ mod script_call;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 mod socket;
+mod transport;
 
 use std::sync::Arc;
 

@@ -3,9 +3,8 @@
 //! request its own reply.
 //!
 //! - With nothing in flight a request goes out at once; requests that arrive while a call is
-//!   in flight wait and go together in the next one, up to [`MAX_OPS`] operations,
-//!   [`MAX_KEYS`] keys and [`MAX_BYTES`] of names and tokens (so that no script runs long on
-//!   the server and no call is huge; one operation larger than that goes alone).
+//!   in flight wait and go together in the next one ([`Batch`], capped so that no script runs
+//!   long on the server and no call is huge).
 //! - Requests run on the node in the order they were queued, each one to its end even when
 //!   its caller stopped waiting: a lock's release never overtakes its own acquire.
 //! - `node_timeout` bounds the node's answer to a call in flight, not the time a request
@@ -19,44 +18,31 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionLike;
-use redis::{Cmd, ErrorKind, Script, ServerErrorKind, Value};
+use redis::ErrorKind;
 use tokio::runtime;
 use tokio::sync::{mpsc, oneshot};
-use tokio::time::Sleep;
 use tracing::Instrument;
 
-use super::connection::LazyConnection;
-use super::socket::OwnedConnection;
+use super::batch::Batch;
+use super::transport::Transport;
 use super::{Op, Request};
 use crate::clock;
 use crate::error::NodeFailure;
 
-const BATCH_SOURCE: &str = include_str!("../scripts/batch.lua");
-static BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(BATCH_SOURCE));
-
-/// The most operations one batched call carries.
-pub(crate) const MAX_OPS: usize = 512;
-/// The most keys one batched call carries (an operation with more keys goes alone).
-pub(crate) const MAX_KEYS: usize = 4_096;
-/// The most bytes of key names, tokens and waiter ids one batched call carries (an operation
-/// with more goes alone).
-pub(crate) const MAX_BYTES: usize = 1 << 20;
 /// The most requests waiting for one node.
 pub(crate) const QUEUE_CAPACITY: usize = 65_536;
 
 /// Where one request's reply goes.
-type Reply = oneshot::Sender<Result<i64, NodeFailure>>;
+pub(super) type Reply = oneshot::Sender<Result<i64, NodeFailure>>;
 
 /// What the queue carries: a request and where its reply goes, or a marker that answers once
 /// everything queued before it has run.
-enum Job {
+pub(super) enum Job {
     Run {
         req: Request,
         /// `None` once the caller has been answered (it waited behind a hung call).
@@ -299,283 +285,5 @@ async fn serve(
                 });
             }
         }
-    }
-}
-
-/// The requests of one call, and the markers that wait for it.
-#[derive(Default)]
-struct Batch {
-    runs: Vec<(Request, Option<Reply>)>,
-    flushes: Vec<oneshot::Sender<()>>,
-    keys: usize,
-    bytes: usize,
-}
-
-/// The bytes of names and ids a request adds to a call.
-fn size(req: &Request) -> usize {
-    req.keys.iter().map(String::len).sum::<usize>()
-        + req.token.len()
-        + req.queue.as_deref().map_or(0, |q| q.waiter.len())
-}
-
-impl Batch {
-    fn push(&mut self, job: Job) {
-        match job {
-            Job::Run { req, reply } => {
-                self.keys += req.keys.len();
-                self.bytes += size(&req);
-                self.runs.push((req, reply));
-            }
-            Job::Flush(done) => self.flushes.push(done),
-        }
-    }
-
-    fn full(&self) -> bool {
-        self.runs.len() >= MAX_OPS || self.keys >= MAX_KEYS || self.bytes >= MAX_BYTES
-    }
-
-    fn fits(&self, job: &Job) -> bool {
-        match job {
-            Job::Run { req, .. } => {
-                self.keys + req.keys.len() <= MAX_KEYS && self.bytes + size(req) <= MAX_BYTES
-            }
-            Job::Flush(_) => true,
-        }
-    }
-
-    /// Sends the batch as one script call and answers each request; `Err` when the call as a
-    /// whole failed or `deadline` (set `timeout` after the call starts) passed first (the
-    /// requests are then still to be answered, by `fail`).
-    async fn run(
-        &mut self,
-        transport: &mut Transport,
-        timeout: Duration,
-        deadline: Pin<&mut Sleep>,
-    ) -> Result<(), NodeFailure> {
-        if self.runs.is_empty() {
-            self.answer_flushes();
-            return Ok(());
-        }
-        let command = self.command();
-        let replies = tokio::select! {
-            biased;
-            replies = transport.evalsha(&command) => replies?,
-            () = deadline => return Err(NodeFailure::Timeout(timeout)),
-        };
-        if replies.len() != self.runs.len() {
-            return Err(NodeFailure::Reply(redis::RedisError::from((
-                redis::ErrorKind::UnexpectedReturnType,
-                "the batch script returned a reply count other than the request count",
-            ))));
-        }
-        for ((_, reply), value) in self.runs.drain(..).zip(replies) {
-            if let Some(reply) = reply {
-                let _ = reply.send(parse(value));
-            }
-        }
-        self.answer_flushes();
-        Ok(())
-    }
-
-    /// The batch as one `EVALSHA` of `scripts/batch.lua`: every operation's keys, then every
-    /// operation's arguments (kind, token, TTL, key count, and the fair queue's three for
-    /// `f`, `l` and `R`), written straight into one command buffer (no allocation per
-    /// argument).
-    fn command(&self) -> Cmd {
-        let keys = self.keys;
-        let args = 3 + keys + self.runs.len() * 7;
-        let mut command = Cmd::with_capacity(args, 64 + self.bytes + self.runs.len() * 48);
-        command.arg("EVALSHA").arg(BATCH.get_hash()).arg(keys);
-        for (req, _) in &self.runs {
-            for key in req.keys.iter() {
-                command.arg(key.as_str());
-            }
-        }
-        for (req, _) in &self.runs {
-            let kind = match (req.op, &req.queue) {
-                (Op::Acquire, None) => "a",
-                (Op::Acquire, Some(_)) => "f",
-                (Op::Extend, _) => "e",
-                (Op::Release, None) => "r",
-                (Op::Release, Some(_)) => "R",
-                (Op::Leave, _) => "l",
-            };
-            command
-                .arg(kind)
-                .arg(&*req.token)
-                .arg(req.ttl_ms)
-                .arg(req.keys.len());
-            if matches!(kind, "f" | "l" | "R") {
-                let (waiter, ticket, lease) = req
-                    .queue
-                    .as_deref()
-                    .map_or(("", 0, 0), |q| (&*q.waiter, q.ticket, q.lease_ms));
-                command.arg(waiter).arg(ticket).arg(lease);
-            }
-        }
-        command
-    }
-
-    fn fail(&mut self, failure: &NodeFailure) {
-        for (_, reply) in self.runs.drain(..) {
-            if let Some(reply) = reply {
-                let _ = reply.send(Err(failure.clone()));
-            }
-        }
-        self.answer_flushes();
-    }
-
-    fn answer_flushes(&mut self) {
-        for done in self.flushes.drain(..) {
-            let _ = done.send(());
-        }
-    }
-}
-
-/// `SCRIPT LOAD` of the batch script.
-pub(crate) fn load_batch_script() -> Cmd {
-    let mut load = redis::cmd("SCRIPT");
-    load.arg("LOAD").arg(BATCH_SOURCE);
-    load
-}
-
-/// How a node's queue reaches the server.
-pub(crate) enum Transport {
-    /// A socket the queue's task owns (a plain `redis://` node): no task in between.
-    Owned(Box<OwnedConnection>),
-    /// redis-rs's multiplexed, auto-reconnecting connection (TLS and Unix-socket nodes).
-    Shared(Arc<LazyConnection>),
-}
-
-impl Transport {
-    /// The next job; meanwhile, the calls given up on our own socket make progress (their
-    /// bytes are written, their replies read), so that a release cut short by a timeout
-    /// reaches the node even when nothing follows it.
-    async fn next_job(&mut self, queue: &mut mpsc::Receiver<Job>) -> Option<Job> {
-        if let Transport::Owned(conn) = self
-            && conn.unsettled()
-        {
-            tokio::select! {
-                biased;
-                job = queue.recv() => return job,
-                () = conn.settle() => {}
-            }
-        }
-        queue.recv().await
-    }
-
-    /// Runs `command` (an `EVALSHA` of the batch script) and returns the script's replies.
-    /// The first call on a connection the server dropped (a restart, a reset) fails and
-    /// reconnects: it is repeated once (every operation is idempotent for its token); on our
-    /// own socket, a connect that failed is not.
-    async fn evalsha(&mut self, command: &Cmd) -> Result<Vec<Value>, NodeFailure> {
-        match self {
-            Transport::Owned(conn) => {
-                let retry = conn.is_connected();
-                evalsha_once_more(command, &mut **conn, retry).await
-            }
-            Transport::Shared(conn) => {
-                let mut connection = conn.connection().await?;
-                evalsha_once_more(command, &mut connection, true).await
-            }
-        }
-    }
-}
-
-/// [`evalsha`], repeated once (with `retry`) after the connection was lost.
-async fn evalsha_once_more(
-    command: &Cmd,
-    connection: &mut impl ConnectionLike,
-    retry: bool,
-) -> Result<Vec<Value>, NodeFailure> {
-    match evalsha(command, connection).await {
-        Err(err) if retry && (err.is_io_error() || err.is_connection_dropped()) => {
-            tracing::debug!(%err, "connection lost; retrying the batch once");
-            Ok(evalsha(command, connection).await?)
-        }
-        other => Ok(other?),
-    }
-}
-
-/// Runs `command` (an `EVALSHA` of the batch script), loading the script first when the
-/// server does not have it (`NOSCRIPT`: first use, a restart, a `SCRIPT FLUSH`).
-async fn evalsha(
-    command: &Cmd,
-    connection: &mut impl ConnectionLike,
-) -> redis::RedisResult<Vec<Value>> {
-    match command.query_async(connection).await {
-        Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            BATCH.load_async(connection).await?;
-            command.query_async(connection).await
-        }
-        other => other,
-    }
-}
-
-/// One operation's reply: its integer, or the error of that operation alone.
-fn parse(value: Value) -> Result<i64, NodeFailure> {
-    let error = |detail: String| {
-        NodeFailure::Reply(redis::RedisError::from((
-            redis::ErrorKind::Extension,
-            "error reply",
-            detail,
-        )))
-    };
-    match value {
-        Value::Int(n) => Ok(n),
-        Value::BulkString(bytes) => Err(error(
-            String::from_utf8_lossy(&bytes)
-                .trim_start_matches("E:")
-                .to_owned(),
-        )),
-        Value::SimpleString(text) => Err(error(text.trim_start_matches("E:").to_owned())),
-        other => Err(error(format!("unexpected reply {other:?}"))),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn run(key: String) -> Job {
-        Job::Run {
-            req: Request {
-                op: Op::Acquire,
-                keys: vec![key].into(),
-                token: "token".into(),
-                ttl_ms: 1_000,
-                queue: None,
-            },
-            reply: None,
-        }
-    }
-
-    #[test]
-    fn a_batch_stops_at_max_bytes_and_a_larger_request_goes_alone() {
-        let mut batch = Batch::default();
-        let big = || run("k".repeat(MAX_BYTES / 4));
-        for _ in 0..3 {
-            assert!(batch.fits(&big()));
-            batch.push(big());
-        }
-        assert!(!batch.fits(&big()), "a fourth would pass MAX_BYTES");
-        assert!(batch.fits(&run("small".into())));
-        assert!(!batch.full());
-        // The serving loop pushes the first request whatever its size: it goes alone.
-        let mut alone = Batch::default();
-        alone.push(run("k".repeat(MAX_BYTES + 1)));
-        assert!(alone.full());
-        assert!(!alone.fits(&run("small".into())));
-    }
-
-    #[test]
-    fn replies_are_integers_or_the_operations_own_error() {
-        assert_eq!(parse(Value::Int(2)).ok(), Some(2));
-        let err = parse(Value::BulkString(
-            b"E:WRONGTYPE Operation against a key holding the wrong kind of value".to_vec(),
-        ))
-        .expect_err("an error");
-        assert!(err.to_string().contains("error reply"), "{err}");
-        assert!(format!("{err:?}").contains("WRONGTYPE"), "{err:?}");
     }
 }

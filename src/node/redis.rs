@@ -7,9 +7,11 @@ use futures::future::BoxFuture;
 use redis::Client;
 use tokio_util::task::TaskTracker;
 
+use super::batch;
 use super::connection::LazyConnection;
-use super::pipeline::{self, Pipeline, Transport};
-use super::socket::OwnedConnection;
+use super::owned_connection::OwnedConnection;
+use super::pipeline::{self, Pipeline};
+use super::transport::Transport;
 use super::{GuardedWrite, KeyRow, Node, Request, script_call};
 use crate::error::NodeFailure;
 
@@ -99,7 +101,7 @@ impl RedisNode {
         // redis-rs's connection.
         let transport = match OwnedConnection::for_plain_tcp(
             self.shared.client().get_connection_info(),
-            Some(pipeline::load_batch_script()),
+            Some(batch::load_batch_script()),
             connect_timeout(self.node_timeout),
             self.tasks.clone(),
         ) {
