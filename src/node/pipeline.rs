@@ -118,18 +118,13 @@ impl Pipeline {
         self.watched
     }
 
-    /// Waits for `answer`, with the watchdog of [`served`](Pipeline::served) when the queue
-    /// is [`watched`](Pipeline::watched).
-    pub(crate) async fn answer(
+    /// Waits for `answer` with the watchdog of [`served`](Pipeline::served), for callers of
+    /// a [`watched`](Pipeline::watched) queue (the others simply await `answer`).
+    pub(crate) async fn watched_answer(
         &self,
         answer: oneshot::Receiver<Result<i64, NodeFailure>>,
     ) -> Result<i64, NodeFailure> {
-        let answer = if self.watched {
-            self.served(answer).await
-        } else {
-            Some(answer.await)
-        };
-        match answer {
+        match self.served(answer).await {
             Some(Ok(reply)) => reply,
             Some(Err(_)) => Err(stopped()),
             None => Err(NodeFailure::Reply(redis::RedisError::from((
@@ -175,7 +170,7 @@ impl Pipeline {
             Err(mpsc::error::TrySendError::Full(_)) => Err(NodeFailure::Overloaded {
                 queued: QUEUE_CAPACITY,
             }),
-            Err(mpsc::error::TrySendError::Closed(_)) => Err(closed()),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(stopped()),
         }
     }
 
@@ -201,13 +196,6 @@ pub(crate) fn stopped() -> NodeFailure {
     NodeFailure::Reply(redis::RedisError::from((
         ErrorKind::Client,
         "the node's request queue stopped (its runtime shut down)",
-    )))
-}
-
-fn closed() -> NodeFailure {
-    NodeFailure::Reply(redis::RedisError::from((
-        redis::ErrorKind::Client,
-        "the node's request queue is closed (its runtime shut down)",
     )))
 }
 

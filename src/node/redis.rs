@@ -68,10 +68,8 @@ impl RedisNode {
             ))));
         };
         if self.pipeline.get().is_none() {
-            let first = self.pipeline.get_or_init(|| self.start(&runtime));
-            if !first.is_closed() {
-                return Ok(submit(first));
-            }
+            // First use.
+            return Ok(submit(self.pipeline.get_or_init(|| self.start(&runtime))));
         }
         let mut restarted = self
             .restarted
@@ -132,7 +130,7 @@ impl Node for RedisNode {
         Box::pin(async move {
             let (answer, watched) = queued??;
             match watched {
-                Some(pipeline) => pipeline.answer(answer).await,
+                Some(pipeline) => pipeline.watched_answer(answer).await,
                 None => answer.await.unwrap_or_else(|_| Err(pipeline::stopped())),
             }
         })
