@@ -19,9 +19,8 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::ErrorKind;
 use tokio::runtime;
@@ -63,15 +62,13 @@ pub(crate) struct Pipeline {
     node_timeout: Duration,
 }
 
-/// An instant, stored as microseconds since a process-wide origin (on [`clock::now`]).
+/// An instant, stored as microseconds since [`clock::origin`].
 #[derive(Default)]
 struct Progress(AtomicU64);
 
-static ORIGIN: LazyLock<Instant> = LazyLock::new(clock::now);
-
 impl Progress {
     fn mark(&self) {
-        let micros = clock::since(*ORIGIN).as_micros();
+        let micros = clock::since(clock::origin()).as_micros();
         self.0
             .store(u64::try_from(micros).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
@@ -79,7 +76,7 @@ impl Progress {
     /// How long ago the last mark was.
     fn age(&self) -> Duration {
         let at = Duration::from_micros(self.0.load(Ordering::Relaxed));
-        clock::since(*ORIGIN).saturating_sub(at)
+        clock::since(clock::origin()).saturating_sub(at)
     }
 }
 

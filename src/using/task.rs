@@ -2,7 +2,7 @@
 //! until the [`Policy`] says, extends, records the outcome, and releases the lock when the scope
 //! ends.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -158,8 +158,7 @@ const GRID: Duration = Duration::from_millis(25);
 /// instant of the shared timer, start together, and their requests go to each node in one
 /// batched call. Never later than `at`, so the policy's deadlines hold.
 fn on_grid(at: Instant) -> Instant {
-    static ORIGIN: LazyLock<Instant> = LazyLock::new(clock::now);
-    let origin = *ORIGIN;
+    let origin = clock::origin();
     match at.checked_duration_since(origin) {
         Some(since) => {
             let grid = GRID.as_nanos();
