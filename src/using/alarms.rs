@@ -90,11 +90,12 @@ impl Alarms {
             if schedule.closed {
                 return None;
             }
+            let new = !schedule.slots.contains_key(&at);
             let slot = Arc::clone(schedule.slots.entry(at).or_default());
-            (
-                slot,
-                schedule.slots.first_key_value().map(|(k, _)| *k) == Some(at),
-            )
+            // Only a new instant can be earlier than the one the driver sleeps for: joining
+            // an existing one (most waits, on the grid) wakes nobody.
+            let first = new && schedule.slots.first_key_value().map(|(k, _)| *k) == Some(at);
+            (slot, first)
         };
         if first {
             // Full: a wake-up is already pending. Closed: the driver is ending.

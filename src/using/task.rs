@@ -93,16 +93,15 @@ async fn extend_until_stopped(
                 continue;
             }
         };
-        let deadline = tokio::time::sleep_until(tokio::time::Instant::from_std(by));
+        let deadline = tokio::time::Instant::from_std(by);
         let round_started = now;
         let outcome = tokio::select! {
             biased;
             _ = &mut *stop => return End::Stopped,
-            outcome = lock.extend(policy.ttl) => Some(outcome),
-            () = deadline => None,
+            outcome = tokio::time::timeout_at(deadline, lock.extend(policy.ttl)) => outcome,
         };
         match outcome {
-            Some(Ok(())) => {
+            Ok(Ok(())) => {
                 lease.expires_at = lock.expires_at();
                 lease.extensions = lease.extensions.saturating_add(1);
                 lease.failed_round = None;
@@ -111,7 +110,7 @@ async fn extend_until_stopped(
                     .events
                     .extended(&state.resources, lease.extensions, lock.remaining());
             }
-            Some(Err(error)) => {
+            Ok(Err(error)) => {
                 state.events.emit(Event::ExtensionFailed {
                     resources: state.resources.to_vec(),
                     error: error.clone(),
@@ -124,7 +123,7 @@ async fn extend_until_stopped(
                 }
                 lease.failed_round = Some(round_started);
             }
-            None => {
+            Err(_) => {
                 // The round outlived its deadline: nothing confirmed the lock in time. The
                 // round was cut short, so there are no per-node errors to report.
                 let error = unconfirmed(state, lease.expires_at);
