@@ -42,28 +42,36 @@ fn size(req: &Request) -> usize {
 }
 
 impl Batch {
+    /// Adds `job` whatever its size: the first of a batch (one larger than the caps goes
+    /// alone).
     pub(super) fn push(&mut self, job: Job) {
+        let _ = self.add(job, true);
+    }
+
+    /// Adds `job` if it fits within the caps; gives it back if not.
+    pub(super) fn try_push(&mut self, job: Job) -> Result<(), Job> {
+        self.add(job, false)
+    }
+
+    fn add(&mut self, job: Job, always: bool) -> Result<(), Job> {
         match job {
             Job::Run { req, reply } => {
-                self.keys += req.keys.len();
-                self.bytes += size(&req);
+                let keys = self.keys + req.keys.len();
+                let bytes = self.bytes + size(&req);
+                if !always && (keys > MAX_KEYS || bytes > MAX_BYTES) {
+                    return Err(Job::Run { req, reply });
+                }
+                self.keys = keys;
+                self.bytes = bytes;
                 self.runs.push((req, reply));
             }
             Job::Flush(done) => self.flushes.push(done),
         }
+        Ok(())
     }
 
     pub(super) fn full(&self) -> bool {
         self.runs.len() >= MAX_OPS || self.keys >= MAX_KEYS || self.bytes >= MAX_BYTES
-    }
-
-    pub(super) fn fits(&self, job: &Job) -> bool {
-        match job {
-            Job::Run { req, .. } => {
-                self.keys + req.keys.len() <= MAX_KEYS && self.bytes + size(req) <= MAX_BYTES
-            }
-            Job::Flush(_) => true,
-        }
     }
 
     /// Sends the batch as one script call and answers each request; `Err` when the call as a
@@ -205,17 +213,19 @@ mod tests {
         let mut batch = Batch::default();
         let big = || run("k".repeat(MAX_BYTES / 4));
         for _ in 0..3 {
-            assert!(batch.fits(&big()));
-            batch.push(big());
+            assert!(batch.try_push(big()).is_ok());
         }
-        assert!(!batch.fits(&big()), "a fourth would pass MAX_BYTES");
-        assert!(batch.fits(&run("small".into())));
+        assert!(
+            batch.try_push(big()).is_err(),
+            "a fourth would pass MAX_BYTES"
+        );
+        assert!(batch.try_push(run("small".into())).is_ok());
         assert!(!batch.full());
         // The serving loop pushes the first request whatever its size: it goes alone.
         let mut alone = Batch::default();
         alone.push(run("k".repeat(MAX_BYTES + 1)));
         assert!(alone.full());
-        assert!(!alone.fits(&run("small".into())));
+        assert!(alone.try_push(run("small".into())).is_err());
     }
 
     #[test]

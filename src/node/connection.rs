@@ -195,7 +195,13 @@ fn needs_new_connection(err: &RedisError) -> bool {
         && (matches!(
             err.kind(),
             ErrorKind::AuthenticationFailed | ErrorKind::Client
-        ) || matches!(err.code(), Some("NOAUTH" | "WRONGPASS")))
+        ) || err.code().is_some_and(is_auth_refusal))
+}
+
+/// Whether a server error `code` refuses the connection's authentication (a user disabled, a
+/// password set or changed after we connected): the connection must be made anew.
+pub(super) fn is_auth_refusal(code: &str) -> bool {
+    matches!(code, "NOAUTH" | "WRONGPASS")
 }
 
 /// The wait before the next connection after `failures` connect-time failures in a row.

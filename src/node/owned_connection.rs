@@ -29,7 +29,7 @@ use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 
-use super::connection::Refusals;
+use super::connection::{Refusals, is_auth_refusal};
 use super::socket::Socket;
 
 /// The most bytes of calls given up that may wait unwritten (the server stopped reading):
@@ -106,7 +106,7 @@ impl OwnedConnection {
             Err(_) => self.drop_socket(),
             // The server forgot who we are (a user disabled, a password set after we
             // connected): connect again, after the refusal's backoff.
-            Ok(Value::ServerError(refusal)) if matches!(refusal.code(), "NOAUTH" | "WRONGPASS") => {
+            Ok(Value::ServerError(refusal)) if is_auth_refusal(refusal.code()) => {
                 self.refusals.record(&RedisError::from(refusal.clone()));
                 self.drop_socket();
             }

@@ -93,11 +93,14 @@ impl Pipeline {
         let progress = Arc::new(Progress::default());
         progress.mark();
         let span = tracing::debug_span!(parent: None, "redfence.node", node = %addr);
-        let serving = serve(queue, transport, node_timeout, Arc::clone(&progress));
+        let watched = flavor == runtime::RuntimeFlavor::CurrentThread;
+        // Only a watched queue's progress is read: the others' task need not stamp it.
+        let stamps = watched.then(|| Arc::clone(&progress));
+        let serving = serve(queue, transport, node_timeout, stamps);
         tokio::spawn(serving.instrument(span));
         Pipeline {
             jobs,
-            watched: flavor == runtime::RuntimeFlavor::CurrentThread,
+            watched,
             progress,
             node_timeout,
         }
@@ -201,7 +204,7 @@ async fn serve(
     mut queue: mpsc::Receiver<Job>,
     mut transport: Transport,
     timeout: Duration,
-    progress: Arc<Progress>,
+    progress: Option<Arc<Progress>>,
 ) {
     // Requests taken off the queue but not sent yet, in order: the one that did not fit the
     // last batch, and those that waited behind a hung call (their callers already answered).
@@ -219,7 +222,9 @@ async fn serve(
                 None => return,
             },
         };
-        progress.mark();
+        if let Some(progress) = &progress {
+            progress.mark();
+        }
         let mut batch = Batch::default();
         batch.push(first);
         // Coalesce what is already waiting, up to the caps, in order.
@@ -231,9 +236,7 @@ async fn serve(
                     Err(_) => break,
                 },
             };
-            if batch.fits(&next) {
-                batch.push(next);
-            } else {
+            if let Err(next) = batch.try_push(next) {
                 backlog.push_front(next);
                 break;
             }
@@ -243,7 +246,9 @@ async fn serve(
             deadline.as_mut().reset(at);
         }
         let ran = batch.run(&mut transport, timeout, deadline.as_mut()).await;
-        progress.mark();
+        if let Some(progress) = &progress {
+            progress.mark();
+        }
         if let Err(failure) = ran {
             batch.fail(&failure);
             if matches!(failure, NodeFailure::Timeout(_)) {
