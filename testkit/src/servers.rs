@@ -278,6 +278,23 @@ impl Servers {
         cmd.query(&mut self.conn(i)).expect("command")
     }
 
+    /// Server `i`'s `EVALSHA` counts from `INFO commandstats`: calls and failed calls (0 and
+    /// 0 before the first).
+    pub fn evalsha_stats(&self, i: usize) -> (u64, u64) {
+        let info: String = self.cmd(i, &["INFO", "commandstats"]);
+        let line = info
+            .lines()
+            .find(|l| l.starts_with("cmdstat_evalsha:"))
+            .unwrap_or("");
+        let field = |name: &str| {
+            line.split([':', ','])
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        (field("calls"), field("failed_calls"))
+    }
+
     /// Which live servers hold `key` with value `token`.
     pub fn holders(
         &self,
