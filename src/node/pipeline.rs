@@ -11,8 +11,10 @@
 //!   spends queued behind others while the node answers (that is load, not failure). When a
 //!   call times out, the node is hung: the call's requests and every request queued behind
 //!   it are answered with the timeout at once, so a hung node costs each request at most about
-//!   one `node_timeout`. They are still sent, in order, when their turn comes: a release must
-//!   follow an acquire that may land yet.
+//!   one `node_timeout`. Their releases are still sent, in order, when their turn comes (a
+//!   release must follow an acquire that may land yet); acquires and extends that nobody
+//!   waits for any more are dropped unsent, and the releases kept are capped, so a node that
+//!   stays hung holds a bounded backlog.
 //! - The queue is bounded ([`QUEUE_CAPACITY`]): a request that finds it full fails with
 //!   [`NodeFailure::Overloaded`] instead of queueing without bound.
 
@@ -253,27 +255,114 @@ async fn serve(
             batch.fail(&failure);
             if matches!(failure, NodeFailure::Timeout(_)) {
                 // Every request queued behind a hung call has waited long enough: answer it
-                // now. It is still sent, in order, when its turn comes (a release must follow
-                // an acquire that may land yet); beyond the queue's capacity, the acquires and
-                // extends nobody waits for are dropped unsent (nothing to undo).
+                // now.
                 while let Ok(job) = queue.try_recv() {
                     backlog.push_back(job);
                 }
-                let mut kept = 0;
-                backlog.retain_mut(|job| {
-                    let keep = match job {
-                        Job::Run { req, reply } => {
-                            if let Some(reply) = reply.take() {
-                                let _ = reply.send(Err(failure.clone()));
-                            }
-                            req.op == Op::Release || kept < QUEUE_CAPACITY
-                        }
-                        Job::Flush(_) => true,
-                    };
-                    kept += usize::from(keep);
-                    keep
-                });
+                answer_behind_hung_call(&mut backlog, &failure);
             }
         }
+    }
+}
+
+/// Answers every request of `backlog` (those queued behind a call that timed out) with
+/// `failure`, and keeps only what must still reach the node, in order: releases and fair
+/// queue leaves (a release must follow an acquire that may land yet), at most
+/// [`QUEUE_CAPACITY`] of them, and flush markers. Acquires and extends nobody waits for any
+/// more are dropped unsent: nothing to undo. So a node that stays hung while traffic goes on
+/// holds a bounded backlog; a release dropped beyond the cap leaves its key to expire at its
+/// TTL, on that node only.
+fn answer_behind_hung_call(backlog: &mut VecDeque<Job>, failure: &NodeFailure) {
+    let mut kept = 0;
+    backlog.retain_mut(|job| match job {
+        Job::Run { req, reply } => {
+            if let Some(reply) = reply.take() {
+                let _ = reply.send(Err(failure.clone()));
+            }
+            let keep = matches!(req.op, Op::Release | Op::Leave) && kept < QUEUE_CAPACITY;
+            kept += usize::from(keep);
+            keep
+        }
+        Job::Flush(_) => true,
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(op: Op, token: &str) -> (Job, oneshot::Receiver<Result<i64, NodeFailure>>) {
+        let (reply, answer) = oneshot::channel();
+        let req = Request {
+            op,
+            keys: Arc::from(vec![format!("key-{token}")]),
+            token: Arc::from(token),
+            ttl_ms: 1_000,
+            queue: None,
+        };
+        let job = Job::Run {
+            req,
+            reply: Some(reply),
+        };
+        (job, answer)
+    }
+
+    fn tokens(backlog: &VecDeque<Job>) -> Vec<String> {
+        backlog
+            .iter()
+            .map(|job| match job {
+                Job::Run { req, .. } => req.token.to_string(),
+                Job::Flush(_) => "flush".to_owned(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn behind_a_hung_call_every_caller_is_answered_and_only_cleanup_is_kept_in_order() {
+        let failure = NodeFailure::Timeout(Duration::from_millis(50));
+        let mut backlog = VecDeque::new();
+        let mut answers = Vec::new();
+        for (op, token) in [
+            (Op::Acquire, "a1"),
+            (Op::Release, "r1"),
+            (Op::Extend, "e1"),
+            (Op::Leave, "l1"),
+            (Op::Release, "r2"),
+        ] {
+            let (job, answer) = job(op, token);
+            backlog.push_back(job);
+            answers.push(answer);
+        }
+        let (flushed, _) = oneshot::channel();
+        backlog.push_back(Job::Flush(flushed));
+
+        answer_behind_hung_call(&mut backlog, &failure);
+
+        for mut answer in answers {
+            assert!(matches!(
+                answer.try_recv(),
+                Ok(Err(NodeFailure::Timeout(_)))
+            ));
+        }
+        assert_eq!(tokens(&backlog), ["r1", "l1", "r2", "flush"]);
+        // A second timeout answers nobody twice and keeps the same jobs.
+        answer_behind_hung_call(&mut backlog, &failure);
+        assert_eq!(tokens(&backlog), ["r1", "l1", "r2", "flush"]);
+    }
+
+    #[test]
+    fn a_node_that_stays_hung_keeps_a_bounded_backlog() {
+        let failure = NodeFailure::Timeout(Duration::from_millis(50));
+        let mut backlog = VecDeque::new();
+        for round in 0..3 {
+            for i in 0..QUEUE_CAPACITY {
+                backlog.push_back(job(Op::Release, &format!("r{round}-{i}")).0);
+                backlog.push_back(job(Op::Acquire, &format!("a{round}-{i}")).0);
+            }
+            answer_behind_hung_call(&mut backlog, &failure);
+            assert_eq!(backlog.len(), QUEUE_CAPACITY);
+        }
+        // The oldest releases are kept: they follow the acquires most likely to have landed.
+        assert_eq!(tokens(&backlog)[0], "r0-0");
     }
 }
