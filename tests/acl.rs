@@ -118,6 +118,22 @@ async fn a_user_without_evalsha_gets_a_permission_error_that_names_it() {
         .retry_count(0)
         .build()
         .expect("config");
+    // No script call ever succeeds, so no acquire goes as a native `SET` either: that would
+    // grant a lock this user could neither extend nor release.
+    for _ in 0..2 {
+        let err = redlock
+            .acquire(&["a"], TTL)
+            .await
+            .expect_err("EVALSHA is refused");
+        assert!(matches!(err, Error::QuorumUnreachable { .. }), "{err}");
+    }
+    for i in 0..3 {
+        assert!(
+            servers.keys(i).is_empty(),
+            "node {i}: {:?}",
+            servers.keys(i)
+        );
+    }
     let err = redlock
         .acquire(&["a"], TTL)
         .await

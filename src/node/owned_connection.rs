@@ -57,6 +57,9 @@ pub(crate) struct OwnedConnection {
     socket: Option<Socket>,
     connecting: Option<JoinHandle<RedisResult<Socket>>>,
     refusals: Refusals,
+    /// Whether a lock's plain acquire may go as a native command (`SET ... NX GET PX`,
+    /// Redis 7 and Valkey) on this connection. Asked again on a new connection.
+    natives: Natives,
 }
 
 impl OwnedConnection {
@@ -83,6 +86,7 @@ impl OwnedConnection {
             socket: None,
             connecting: None,
             refusals: Refusals::default(),
+            natives: Natives::Untried,
         })
     }
 
@@ -95,24 +99,66 @@ impl OwnedConnection {
     /// `Err` when the node could not be reached or the socket broke; the socket is then
     /// dropped and the next call connects anew.
     pub(crate) async fn call(&mut self, command: &Cmd) -> RedisResult<Value> {
+        let mut replies = self.call_all(std::slice::from_ref(command)).await?;
+        replies
+            .pop()
+            .ok_or_else(|| RedisError::from((ErrorKind::Client, "no reply")))
+    }
+
+    /// Runs `commands` as one pipeline and returns their replies, in order; otherwise as
+    /// [`call`](Self::call).
+    pub(crate) async fn call_all(&mut self, commands: &[Cmd]) -> RedisResult<Vec<Value>> {
         let socket = self.socket().await?;
         if socket.unsent() >= MAX_UNSENT {
             // The server has stopped reading: queue nothing more behind what it has not
             // read. Stalled, not broken: the socket (and the order of what it carries) stays.
             return Err(stalled(socket.unsent()));
         }
-        let reply = socket.call(command).await;
-        match &reply {
+        let replies = socket.call_all(commands).await;
+        match &replies {
             Err(_) => self.drop_socket(),
-            // The server forgot who we are (a user disabled, a password set after we
-            // connected): connect again, after the refusal's backoff.
-            Ok(Value::ServerError(refusal)) if is_auth_refusal(refusal.code()) => {
-                self.refusals.record(&RedisError::from(refusal.clone()));
-                self.drop_socket();
+            Ok(replies) => {
+                // The server forgot who we are (a user disabled, a password set after we
+                // connected): connect again, after the refusal's backoff.
+                let refusal = replies.iter().find_map(|reply| match reply {
+                    Value::ServerError(refusal) if is_auth_refusal(refusal.code()) => Some(refusal),
+                    _ => None,
+                });
+                if let Some(refusal) = refusal {
+                    self.refusals.record(&RedisError::from(refusal.clone()));
+                    self.drop_socket();
+                }
             }
-            Ok(_) => {}
         }
-        reply
+        replies
+    }
+
+    /// Whether single-key acquires may go as native commands (see [`Natives`]).
+    pub(crate) fn takes_natives(&self) -> bool {
+        self.natives == Natives::Allowed
+    }
+
+    /// A script call succeeded on this connection: the user may run the scripts, so a lock
+    /// acquired natively can also be extended and released.
+    pub(crate) fn script_ran(&mut self) {
+        if self.natives == Natives::Untried {
+            self.natives = Natives::Allowed;
+        }
+    }
+
+    /// The server refused a native acquire: send them as scripts on this connection.
+    pub(crate) fn refuse_natives(&mut self) {
+        self.natives = Natives::Refused;
+    }
+
+    /// Sends `command` with the next call and drops its reply (best effort: nothing is sent
+    /// without a connection, or while the server has stopped reading).
+    pub(crate) fn send_and_forget(&mut self, command: &Cmd) {
+        if let Some(socket) = &mut self.socket
+            && socket.unsent() < MAX_UNSENT
+        {
+            socket.send_and_forget(command);
+        }
     }
 
     /// Whether calls given up still have bytes to write or replies to come.
@@ -167,6 +213,7 @@ impl OwnedConnection {
                 Ok(socket) => {
                     self.refusals.clear();
                     self.socket = Some(socket);
+                    self.natives = Natives::Untried;
                 }
                 Err(err) => {
                     self.refusals.record(&err);
@@ -178,6 +225,19 @@ impl OwnedConnection {
             .as_mut()
             .ok_or_else(|| RedisError::from((ErrorKind::Client, "not connected")))
     }
+}
+
+/// Whether a connection sends a lock's plain acquire as a native command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Natives {
+    /// Not before a script call has succeeded on it: a user who may not run the scripts
+    /// (no `EVALSHA`) must not get locks that it cannot release; its first call fails
+    /// with the permission error instead.
+    Untried,
+    /// A script call succeeded.
+    Allowed,
+    /// The server refused one (older than Redis 7, or not allowed): scripts only.
+    Refused,
 }
 
 /// The node's own connection as redis-rs sees a connection, so that the queue runs the same

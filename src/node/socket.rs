@@ -47,17 +47,38 @@ impl Socket {
     /// sense that matters here: dropped after its first poll, the call is still written, and
     /// its reply is dropped, by [`settle`](Self::settle) or the next call.
     pub(super) async fn call(&mut self, command: &Cmd) -> RedisResult<Value> {
-        command.write_packed_command(&mut self.out);
-        self.owed += 1;
+        let mut replies = self.call_all(std::slice::from_ref(command)).await?;
+        replies
+            .pop()
+            .ok_or_else(|| RedisError::from((ErrorKind::Client, "no reply")))
+    }
+
+    /// Sends `commands` in one write (a pipeline) and waits for their replies, in order;
+    /// otherwise as [`call`](Self::call).
+    pub(super) async fn call_all(&mut self, commands: &[Cmd]) -> RedisResult<Vec<Value>> {
+        for command in commands {
+            command.write_packed_command(&mut self.out);
+        }
+        self.owed += commands.len();
         self.write_all().await?;
-        loop {
+        let mut replies = Vec::with_capacity(commands.len());
+        while self.owed > 0 {
             let reply = self.next_reply().await?;
             self.owed -= 1;
-            if self.owed == 0 {
-                return Ok(reply);
+            // Before ours, the replies of calls given up.
+            if self.owed < commands.len() {
+                replies.push(reply);
             }
-            // The reply of a call given up.
         }
+        Ok(replies)
+    }
+
+    /// Queues `command` as a call given up at once: it is written with the next call (or by
+    /// [`settle`](Self::settle)) and its reply is dropped. For best-effort commands whose
+    /// answer nobody needs.
+    pub(super) fn send_and_forget(&mut self, command: &Cmd) {
+        command.write_packed_command(&mut self.out);
+        self.owed += 1;
     }
 
     /// Whether calls given up still have bytes to write or replies to come.

@@ -47,7 +47,9 @@ impl Transport {
         match self {
             Transport::Owned(conn) => {
                 let retry = conn.is_connected();
-                evalsha_once_more(command, &mut **conn, retry).await
+                let replies = evalsha_once_more(command, &mut **conn, retry).await?;
+                conn.script_ran();
+                Ok(replies)
             }
             Transport::Shared(conn) => {
                 let mut connection = conn.connection().await?;
@@ -55,6 +57,85 @@ impl Transport {
             }
         }
     }
+}
+
+impl Transport {
+    /// Whether the batch may send single-key acquires as native commands beside its script
+    /// call: on our own socket, while its server has not refused one.
+    pub(super) fn takes_natives(&self) -> bool {
+        matches!(self, Transport::Owned(conn) if conn.takes_natives())
+    }
+
+    /// The server refused a native command: scripts only, on this connection.
+    pub(super) fn refuse_natives(&mut self) {
+        if let Transport::Owned(conn) = self {
+            conn.refuse_natives();
+        }
+    }
+
+    /// Sends `command` with the next call, its reply dropped (best effort; our own socket
+    /// only).
+    pub(super) fn send_and_forget(&mut self, command: &Cmd) {
+        if let Transport::Owned(conn) = self {
+            conn.send_and_forget(command);
+        }
+    }
+
+    /// Runs `natives` and then, if any, the batch script's `EVALSHA` `script` in one pipeline
+    /// on our own socket ([`takes_natives`](Self::takes_natives)): each native's raw reply
+    /// (an error reply as a value), and the script's replies. Repeated once after a lost
+    /// connection, as [`evalsha`](Self::evalsha) (a native acquire is repeat-safe too: it
+    /// finds its own token); on `NOSCRIPT`, the script is loaded and its call alone repeated
+    /// (the natives ran).
+    pub(super) async fn pipelined(
+        &mut self,
+        natives: Vec<Cmd>,
+        script: Option<&Cmd>,
+    ) -> Result<(Vec<Value>, Vec<Value>), NodeFailure> {
+        let Transport::Owned(conn) = self else {
+            return Err(NodeFailure::Reply(redis::RedisError::from((
+                ErrorKind::Client,
+                "native commands go on a node's own socket only",
+            ))));
+        };
+        let mut commands = natives;
+        commands.extend(script.cloned());
+        let retry = conn.is_connected();
+        let mut replies = match conn.call_all(&commands).await {
+            Err(err) if retry && (err.is_io_error() || err.is_connection_dropped()) => {
+                tracing::debug!(%err, "connection lost; retrying the batch once");
+                conn.call_all(&commands).await?
+            }
+            other => other?,
+        };
+        let Some(script) = script else {
+            return Ok((replies, Vec::new()));
+        };
+        let last = match replies.pop() {
+            Some(Value::ServerError(err)) if err.kind() == Some(ServerErrorKind::NoScript) => {
+                let loaded = conn.call(&super::batch::load_batch_script()).await?;
+                if let Value::ServerError(err) = loaded {
+                    return Err(redis::RedisError::from(err).into());
+                }
+                conn.call(script).await?
+            }
+            Some(last) => last,
+            None => return Err(NodeFailure::Reply(out_of_step())),
+        };
+        let script_replies = match last {
+            Value::Array(values) => values,
+            Value::ServerError(err) => return Err(redis::RedisError::from(err).into()),
+            _ => return Err(NodeFailure::Reply(out_of_step())),
+        };
+        Ok((replies, script_replies))
+    }
+}
+
+fn out_of_step() -> redis::RedisError {
+    redis::RedisError::from((
+        ErrorKind::UnexpectedReturnType,
+        "the batch script's call did not return an array",
+    ))
 }
 
 /// [`evalsha`], repeated once (with `retry`) after the connection was lost.

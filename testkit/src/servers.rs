@@ -281,18 +281,22 @@ impl Servers {
     /// Server `i`'s `EVALSHA` counts from `INFO commandstats`: calls and failed calls (0 and
     /// 0 before the first).
     pub fn evalsha_stats(&self, i: usize) -> (u64, u64) {
+        (
+            self.command_stat(i, "evalsha", "calls"),
+            self.command_stat(i, "evalsha", "failed_calls"),
+        )
+    }
+
+    /// Server `i`'s `field` (`calls`, `failed_calls`, `rejected_calls`...) for `command`
+    /// (lower case) from `INFO commandstats`; 0 before its first call.
+    pub fn command_stat(&self, i: usize, command: &str, field: &str) -> u64 {
         let info: String = self.cmd(i, &["INFO", "commandstats"]);
-        let line = info
-            .lines()
-            .find(|l| l.starts_with("cmdstat_evalsha:"))
-            .unwrap_or("");
-        let field = |name: &str| {
-            line.split([':', ','])
-                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
-        (field("calls"), field("failed_calls"))
+        let prefix = format!("cmdstat_{command}:");
+        let line = info.lines().find(|l| l.starts_with(&prefix)).unwrap_or("");
+        line.split([':', ','])
+            .find_map(|kv| kv.strip_prefix(field)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
     }
 
     /// Which live servers hold `key` with value `token`.
