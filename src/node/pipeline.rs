@@ -11,10 +11,9 @@
 //!   spends queued behind others while the node answers (that is load, not failure). When a
 //!   call times out, the node is hung: the call's requests and every request queued behind
 //!   it are answered with the timeout at once, so a hung node costs each request at most about
-//!   one `node_timeout`. Their releases are still sent, in order, when their turn comes (a
-//!   release must follow an acquire that may land yet); acquires and extends that nobody
-//!   waits for any more are dropped unsent, and the releases kept are capped, so a node that
-//!   stays hung holds a bounded backlog.
+//!   one `node_timeout`. They are still sent, in order, when their turn comes (a release must
+//!   follow an acquire that may land yet), up to a cap, so a node that stays hung holds a
+//!   bounded backlog.
 //! - The queue is bounded ([`QUEUE_CAPACITY`]): a request that finds it full fails with
 //!   [`NodeFailure::Overloaded`] instead of queueing without bound.
 
@@ -266,22 +265,26 @@ async fn serve(
 }
 
 /// Answers every request of `backlog` (those queued behind a call that timed out) with
-/// `failure`, and keeps only what must still reach the node, in order: releases and fair
-/// queue leaves (a release must follow an acquire that may land yet), at most
-/// [`QUEUE_CAPACITY`] of them, and flush markers. Acquires and extends nobody waits for any
-/// more are dropped unsent: nothing to undo. So a node that stays hung while traffic goes on
-/// holds a bounded backlog; a release dropped beyond the cap leaves its key to expire at its
-/// TTL, on that node only.
+/// `failure`, and keeps them to be sent, in order, when their turn comes (a release must
+/// follow an acquire that may land yet): at most [`QUEUE_CAPACITY`] releases and fair queue
+/// leaves, and as many acquires and extends, plus the flush markers. So a node that stays
+/// hung while traffic goes on holds a bounded backlog. Beyond the caps, requests are dropped
+/// unsent: an acquire or extend nobody waits for has nothing to undo, and a release dropped
+/// leaves its key to expire at its TTL, on that node only.
 fn answer_behind_hung_call(backlog: &mut VecDeque<Job>, failure: &NodeFailure) {
-    let mut kept = 0;
+    let (mut cleanups, mut others) = (0, 0);
     backlog.retain_mut(|job| match job {
         Job::Run { req, reply } => {
             if let Some(reply) = reply.take() {
                 let _ = reply.send(Err(failure.clone()));
             }
-            let keep = matches!(req.op, Op::Release | Op::Leave) && kept < QUEUE_CAPACITY;
-            kept += usize::from(keep);
-            keep
+            let kept = if matches!(req.op, Op::Release | Op::Leave) {
+                &mut cleanups
+            } else {
+                &mut others
+            };
+            *kept += 1;
+            *kept <= QUEUE_CAPACITY
         }
         Job::Flush(_) => true,
     });
@@ -318,7 +321,7 @@ mod tests {
     }
 
     #[test]
-    fn behind_a_hung_call_every_caller_is_answered_and_only_cleanup_is_kept_in_order() {
+    fn behind_a_hung_call_every_caller_is_answered_and_the_requests_are_kept_in_order() {
         let failure = NodeFailure::Timeout(Duration::from_millis(50));
         let mut backlog = VecDeque::new();
         let mut answers = Vec::new();
@@ -344,10 +347,11 @@ mod tests {
                 Ok(Err(NodeFailure::Timeout(_)))
             ));
         }
-        assert_eq!(tokens(&backlog), ["r1", "l1", "r2", "flush"]);
+        let all = ["a1", "r1", "e1", "l1", "r2", "flush"];
+        assert_eq!(tokens(&backlog), all);
         // A second timeout answers nobody twice and keeps the same jobs.
         answer_behind_hung_call(&mut backlog, &failure);
-        assert_eq!(tokens(&backlog), ["r1", "l1", "r2", "flush"]);
+        assert_eq!(tokens(&backlog), all);
     }
 
     #[test]
@@ -360,9 +364,9 @@ mod tests {
                 backlog.push_back(job(Op::Acquire, &format!("a{round}-{i}")).0);
             }
             answer_behind_hung_call(&mut backlog, &failure);
-            assert_eq!(backlog.len(), QUEUE_CAPACITY);
+            assert_eq!(backlog.len(), 2 * QUEUE_CAPACITY);
         }
-        // The oldest releases are kept: they follow the acquires most likely to have landed.
-        assert_eq!(tokens(&backlog)[0], "r0-0");
+        // The oldest are kept: the releases follow the acquires most likely to have landed.
+        assert_eq!(tokens(&backlog)[..2], ["r0-0", "a0-0"]);
     }
 }
