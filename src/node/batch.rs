@@ -301,7 +301,7 @@ fn wait_mark(key: &str, ttl_ms: u64) -> Cmd {
 enum NativeOutcome {
     Granted,
     Refused,
-    /// The error of this lock alone (the key holds another type).
+    /// The error of this lock alone (e.g. `WRONGTYPE`: the key holds another type).
     Failed(NodeFailure),
     /// The server does not take the command (too old, or not allowed): run it as a script.
     Unsupported,
@@ -315,11 +315,8 @@ fn native_outcome(reply: Option<Value>, token: &str) -> NativeOutcome {
         Some(Value::ServerError(err)) if matches!(err.code(), "ERR" | "NOPERM") => {
             NativeOutcome::Unsupported
         }
-        Some(Value::ServerError(err)) => NativeOutcome::Failed(error_reply(format!(
-            "{} {}",
-            err.code(),
-            err.details().unwrap_or_default()
-        ))),
+        // Classified as the script call's own error would be (e.g. `READONLY`, `OOM`).
+        Some(Value::ServerError(err)) => NativeOutcome::Failed(redis::RedisError::from(err).into()),
         Some(other) => NativeOutcome::Failed(error_reply(format!("unexpected reply {other:?}"))),
         None => NativeOutcome::Failed(NodeFailure::Reply(count_mismatch())),
     }
@@ -455,6 +452,13 @@ mod tests {
         match error_reply("WRONGTYPE Operation against a key holding the wrong kind of value") {
             NativeOutcome::Failed(failure) => {
                 assert!(format!("{failure:?}").contains("WRONGTYPE"), "{failure:?}");
+            }
+            other => panic!("the lock's own error: {other:?}"),
+        }
+        // Any other error is classified as the script call's own would be.
+        match error_reply("READONLY You can't write against a read only replica.") {
+            NativeOutcome::Failed(NodeFailure::Reply(err)) => {
+                assert_eq!(err.code(), Some("READONLY"), "{err}");
             }
             other => panic!("the lock's own error: {other:?}"),
         }
