@@ -127,9 +127,11 @@ async fn a_user_without_evalsha_gets_a_permission_error_that_names_it() {
             .expect_err("EVALSHA is refused");
         assert!(matches!(err, Error::QuorumUnreachable { .. }), "{err}");
     }
+    // (The probe's mark, `a:redfence:waiting`, lives 100 ms; a lock key would live 10 s.)
     for i in 0..3 {
+        assert_eq!(servers.get(i, "a"), None, "node {i}");
         assert!(
-            servers.keys(i).is_empty(),
+            support::eventually(|| servers.keys(i).is_empty()).await,
             "node {i}: {:?}",
             servers.keys(i)
         );

@@ -8,7 +8,6 @@ mod support;
 
 use std::time::Duration;
 
-use futures::future::join_all;
 use redfence::{Error, NodeFailure};
 use support::{Servers, TestRedlock, eventually};
 
@@ -21,6 +20,36 @@ fn calls(servers: &Servers, command: &str) -> Vec<u64> {
         .collect()
 }
 
+/// Warms `redlock` up until every node's connection has passed the probe: an acquire goes
+/// to every node without a script call. (A probe can be inconclusive, e.g. when the first
+/// call timed out while connecting: the next batches carry it again.)
+async fn natives_on(redlock: &redfence::Redlock, servers: &Servers) {
+    support::warm_up(redlock).await;
+    let deadline = std::time::Instant::now() + support::DEADLINE;
+    for n in 0.. {
+        let lock = redlock
+            .acquire(&[format!("probe:{n}")], TTL)
+            .await
+            .expect("acquire");
+        lock.release().await.expect("release");
+        reset_stats(servers);
+        let lock = redlock
+            .acquire(&[format!("check:{n}")], TTL)
+            .await
+            .expect("acquire");
+        let sets = eventually(|| calls(servers, "set").iter().all(|&n| n >= 1)).await;
+        let scripts = calls(servers, "evalsha");
+        lock.release().await.expect("release");
+        if sets && scripts.iter().all(|&n| n == 0) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "natives never came on: {scripts:?}"
+        );
+    }
+}
+
 fn reset_stats(servers: &Servers) {
     for i in 0..servers.len() {
         servers.cmd::<()>(i, &["CONFIG", "RESETSTAT"]);
@@ -31,7 +60,7 @@ fn reset_stats(servers: &Servers) {
 async fn once_a_script_ran_a_plain_acquire_is_one_native_set_per_node() {
     let servers = Servers::start(3);
     let redlock = servers.redlock();
-    support::warm_up(&redlock).await;
+    natives_on(&redlock, &servers).await;
     reset_stats(&servers);
 
     let lock = redlock.acquire(&["job"], TTL).await.expect("acquire");
@@ -49,17 +78,15 @@ async fn once_a_script_ran_a_plain_acquire_is_one_native_set_per_node() {
     }
     // The release is the script's (compare and delete).
     lock.release().await.expect("release");
-    assert_eq!(calls(&servers, "evalsha"), [1, 1, 1]);
-    for i in 0..3 {
-        assert_eq!(servers.get(i, "job"), None, "node {i}");
-    }
+    assert!(eventually(|| calls(&servers, "evalsha") == [1, 1, 1]).await);
+    assert!(eventually(|| (0..3).all(|i| servers.get(i, "job").is_none())).await);
 }
 
 #[tokio::test]
 async fn a_refused_native_acquire_marks_the_key_as_waited_for() {
     let servers = Servers::start(3);
     let redlock = servers.builder().retry_count(0).build().expect("config");
-    support::warm_up(&redlock).await;
+    natives_on(&redlock, &servers).await;
     let held = redlock.acquire(&["job"], TTL).await.expect("acquire");
     reset_stats(&servers);
 
@@ -68,40 +95,57 @@ async fn a_refused_native_acquire_marks_the_key_as_waited_for() {
         other => panic!("the lock is held: {other:?}"),
     }
     assert!(
-        calls(&servers, "set").iter().all(|&n| n >= 1),
+        eventually(|| calls(&servers, "set").iter().all(|&n| n >= 1)).await,
         "refused natively: {:?}",
         calls(&servers, "set")
     );
-    // The mark goes out with the node's next write: the release's own.
+    assert_eq!(
+        calls(&servers, "evalsha"),
+        [0, 0, 0],
+        "no script for the refusal"
+    );
+    // The mark goes out after the refusal, with the node's next write (at once when idle).
     assert!(
         eventually(|| (0..3).all(|i| servers.get(i, "job:redfence:waiting").is_some())).await,
         "every node marks the key as waited for"
     );
     // So the release deletes the mark with the key.
     held.release().await.expect("release");
-    for i in 0..3 {
-        assert!(
-            servers.keys(i).is_empty(),
-            "node {i}: {:?}",
-            servers.keys(i)
-        );
-    }
+    assert!(
+        eventually(|| (0..3).all(|i| servers.keys(i).is_empty())).await,
+        "{:?}",
+        (0..3).map(|i| servers.keys(i)).collect::<Vec<_>>()
+    );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_native_acquire_on_a_key_of_another_type_fails_alone() {
+// A current-thread runtime: every request of the `join!` is queued before the node queues
+// run, so they share one write per node (natives, then the script call).
+#[tokio::test]
+async fn a_native_acquire_on_a_key_of_another_type_fails_alone_in_a_shared_write() {
     let servers = Servers::start(3);
     let redlock = servers.builder().retry_count(0).build().expect("config");
-    support::warm_up(&redlock).await;
+    natives_on(&redlock, &servers).await;
+    let held = redlock.acquire(&["held"], TTL).await.expect("acquire");
     for i in 0..3 {
         let _: i64 = servers.cmd(i, &["HSET", "hash", "field", "value"]);
     }
     reset_stats(&servers);
-    let results = join_all(["hash", "free:1", "free:2", "free:3"].map(|name| {
-        let redlock = redlock.clone();
-        async move { redlock.acquire(&[name], TTL).await }
-    }))
-    .await;
+    let (hash, free, other, released) = tokio::join!(
+        redlock.acquire(&["hash"], TTL),
+        redlock.acquire(&["free:1"], TTL),
+        redlock.acquire(&["free:2"], TTL),
+        held.release(), // a script operation in the same write
+    );
+    match hash {
+        Err(Error::QuorumUnreachable { errors, .. }) => {
+            assert_eq!(errors.len(), 3);
+            for e in &errors {
+                assert!(matches!(e.failure, NodeFailure::Reply(_)), "{e}");
+                assert!(e.to_string().contains("WRONGTYPE"), "{e}");
+            }
+        }
+        other => panic!("expected WRONGTYPE on every node, got {other:?}"),
+    }
     let failed = || {
         (0..3)
             .map(|i| servers.command_stat(i, "set", "failed_calls"))
@@ -112,23 +156,55 @@ async fn a_native_acquire_on_a_key_of_another_type_fails_alone() {
         "the native SET on the hash failed: {:?}",
         failed()
     );
-    let mut results = results.into_iter();
-    match results.next() {
-        Some(Err(Error::QuorumUnreachable { errors, .. })) => {
-            assert_eq!(errors.len(), 3);
-            for e in &errors {
-                assert!(matches!(e.failure, NodeFailure::Reply(_)), "{e}");
-                assert!(e.to_string().contains("WRONGTYPE"), "{e}");
-            }
+    released.expect("the release beside it");
+    for lock in [free, other] {
+        let lock = lock.expect("its neighbours are granted");
+        for i in 0..3 {
+            let key = &lock.resources()[0];
+            assert!(
+                eventually(|| servers.get(i, key).as_deref() == Some(lock.token())).await,
+                "node {i}: {key}"
+            );
         }
-        other => panic!("expected WRONGTYPE on every node, got {other:?}"),
-    }
-    for result in results {
-        let lock = result.expect("its neighbours are granted");
         lock.release().await.expect("release");
     }
     for i in 0..3 {
         let kind: String = servers.cmd(i, &["TYPE", "hash"]);
         assert_eq!(kind, "hash", "node {i}: the hash is intact");
+        assert!(
+            eventually(|| servers.get(i, "held").is_none()).await,
+            "node {i}"
+        );
     }
+}
+
+#[tokio::test]
+async fn after_a_script_flush_natives_and_the_script_in_one_write_both_run() {
+    let servers = Servers::start(3);
+    let redlock = servers.redlock();
+    natives_on(&redlock, &servers).await;
+    let held = redlock.acquire(&["held"], TTL).await.expect("acquire");
+    for i in 0..3 {
+        servers.cmd::<()>(i, &["SCRIPT", "FLUSH"]);
+    }
+    reset_stats(&servers);
+    let (lock, released) = tokio::join!(redlock.acquire(&["job"], TTL), held.release());
+    let lock = lock.expect("the native acquire");
+    released.expect("the release, after NOSCRIPT and a reload");
+    for i in 0..3 {
+        assert!(
+            eventually(|| servers.get(i, "job").as_deref() == Some(lock.token())).await,
+            "node {i}"
+        );
+        assert!(
+            eventually(|| servers.get(i, "held").is_none()).await,
+            "node {i}"
+        );
+        let (_, failed) = servers.evalsha_stats(i);
+        assert!(
+            servers.command_stat(i, "evalsha", "rejected_calls") + failed >= 1,
+            "node {i}: the script call met NOSCRIPT first"
+        );
+    }
+    lock.release().await.expect("release");
 }

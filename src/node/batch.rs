@@ -2,7 +2,6 @@
 //! operations, keys and bytes), the one `EVALSHA` of `scripts/batch.lua` they become, and each
 //! request's own reply.
 
-use std::collections::HashSet;
 use std::pin::Pin;
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -11,8 +10,9 @@ use redis::{Cmd, Script, Value};
 use tokio::sync::oneshot;
 use tokio::time::Sleep;
 
+use super::native::{self, NativeOutcome};
 use super::pipeline::{Job, Reply};
-use super::transport::Transport;
+use super::transport::{PipelineError, Pipelined, Transport};
 use super::{Op, Request};
 use crate::error::NodeFailure;
 
@@ -79,24 +79,27 @@ impl Batch {
     /// `deadline` (set `timeout` after the call starts) passed first (the requests are then
     /// still to be answered, by `fail`).
     ///
-    /// The batch goes as one script call, except that on our own socket a plain single-key
-    /// acquire whose key no other operation of the batch touches goes as a native `SET key
-    /// token NX GET PX ttl` in the same write, ahead of the script call (see [`natives`]).
-    /// A server that refuses those (older than Redis 7, or an ACL that allows only scripts)
-    /// gets them again as script operations, and only scripts from then on.
+    /// The batch goes as one script call, except that on a node's own socket plain
+    /// single-key acquires may go as native commands in the same write, and a connection
+    /// not probed yet carries the probe (see `node/native.rs`).
     pub(super) async fn run(
         &mut self,
         transport: &mut Transport,
         timeout: Duration,
         mut deadline: Pin<&mut Sleep>,
     ) -> Result<(), NodeFailure> {
+        let mut repeated = false;
         while !self.runs.is_empty() {
             let native = if transport.takes_natives() {
-                natives(&self.runs)
+                native::natives(&self.runs)
             } else {
-                Vec::new()
+                vec![false; self.runs.len()]
             };
-            if !native.contains(&true) {
+            let natives = native.iter().filter(|native| **native).count();
+            let probe = (natives == 0 && transport.wants_probe())
+                .then(|| self.runs[0].0.keys.first().map(|key| native::probe(key)))
+                .flatten();
+            if natives == 0 && probe.is_none() {
                 let command = self.command(|_| true);
                 let replies = tokio::select! {
                     biased;
@@ -111,53 +114,75 @@ impl Batch {
                 }
                 break;
             }
-            let in_script = native.iter().filter(|native| !**native).count();
+            let in_script = self.runs.len() - natives;
             let script = (in_script > 0).then(|| self.command(|i| !native[i]));
             let commands = self
                 .runs
                 .iter()
                 .zip(&native)
                 .filter(|(_, native)| **native)
-                .map(|((req, _), _)| native_acquire(req))
+                .map(|((req, _), _)| native::native_acquire(req))
                 .collect();
-            let (native_replies, script_replies) = tokio::select! {
+            let pipelined = tokio::select! {
                 biased;
-                replies = transport.pipelined(commands, script.as_ref()) => replies?,
+                pipelined = transport.pipelined(commands, script.as_ref(), probe) => pipelined,
                 () = deadline.as_mut() => return Err(NodeFailure::Timeout(timeout)),
             };
-            check_count(script_replies.len(), in_script)?;
-            let (mut native_replies, mut script_replies) =
-                (native_replies.into_iter(), script_replies.into_iter());
-            let mut refused_natives = Vec::new();
+            let Pipelined {
+                natives: native_replies,
+                script: script_replies,
+            } = match pipelined {
+                Ok(pipelined) => pipelined,
+                // On the new connection the batch goes as scripts (natives wait for the
+                // probe); each operation is repeat-safe.
+                Err(PipelineError::Lost(_)) if !repeated => {
+                    repeated = true;
+                    continue;
+                }
+                Err(PipelineError::Lost(failure) | PipelineError::Failed(failure)) => {
+                    return Err(failure);
+                }
+            };
+            let mut script_replies = match script_replies {
+                Ok(replies) => {
+                    check_count(replies.len(), in_script)?;
+                    Ok(replies.into_iter())
+                }
+                Err(failure) => Err(failure),
+            };
+            let mut native_replies = native_replies.into_iter();
+            let mut unsupported = Vec::new();
             for ((req, reply), native) in self.runs.drain(..).zip(native) {
                 let answer = if native {
-                    match native_outcome(native_replies.next(), &req.token) {
+                    match native::native_outcome(native_replies.next(), &req.token) {
                         NativeOutcome::Granted => Ok(1),
                         NativeOutcome::Refused => {
-                            // What the script's refusal does: mark the key as waited for.
-                            transport.send_and_forget(&wait_mark(&req.keys[0], req.ttl_ms));
+                            transport.send_and_forget(&native::wait_mark(&req.keys[0], req.ttl_ms));
                             Ok(0)
                         }
                         NativeOutcome::Failed(failure) => Err(failure),
                         NativeOutcome::Unsupported => {
-                            refused_natives.push((req, reply));
+                            unsupported.push((req, reply));
                             continue;
                         }
                     }
                 } else {
-                    script_replies
-                        .next()
-                        .map_or_else(|| Err(NodeFailure::Reply(count_mismatch())), parse)
+                    match &mut script_replies {
+                        Ok(replies) => replies
+                            .next()
+                            .map_or_else(|| Err(NodeFailure::Reply(count_mismatch())), parse),
+                        Err(failure) => Err(failure.clone()),
+                    }
                 };
                 if let Some(reply) = reply {
                     let _ = reply.send(answer);
                 }
             }
-            if !refused_natives.is_empty() {
+            if !unsupported.is_empty() {
                 // Nothing else in this batch touched their keys: running them after the
-                // rest keeps every key's order.
+                // rest, as script operations, keeps every key's order.
                 transport.refuse_natives();
-                self.runs = refused_natives;
+                self.runs = unsupported;
             }
         }
         self.answer_flushes();
@@ -249,79 +274,6 @@ fn count_mismatch() -> redis::RedisError {
     ))
 }
 
-/// The key suffix and the shortest time (ms) of a waiting mark, as in `scripts/batch.lua`.
-const WAITING: &str = ":redfence:waiting";
-const MIN_WAIT_MARK_MS: u64 = 10_000;
-
-/// Which of `runs` go as native commands: plain single-key acquires whose key no operation
-/// that goes in the script touches (so that every key's operations keep their order).
-fn natives(runs: &[(Request, Option<Reply>)]) -> Vec<bool> {
-    let eligible =
-        |req: &Request| req.op == Op::Acquire && req.queue.is_none() && req.keys.len() == 1;
-    let scripted: HashSet<&str> = runs
-        .iter()
-        .filter(|(req, _)| !eligible(req))
-        .flat_map(|(req, _)| req.keys.iter().map(String::as_str))
-        .collect();
-    runs.iter()
-        .map(|(req, _)| eligible(req) && !scripted.contains(req.keys[0].as_str()))
-        .collect()
-}
-
-/// A plain single-key acquire as one native command: `SET key token NX GET PX ttl` sets the
-/// key when it is free (reply nil) and otherwise returns who holds it: our own token when
-/// this is the repeat of a request that landed (granted, as the script grants it).
-fn native_acquire(req: &Request) -> Cmd {
-    let mut command = Cmd::with_capacity(8, 32 + req.keys[0].len() + req.token.len());
-    command
-        .arg("SET")
-        .arg(req.keys[0].as_str())
-        .arg(&*req.token)
-        .arg("NX")
-        .arg("GET")
-        .arg("PX")
-        .arg(req.ttl_ms);
-    command
-}
-
-/// Marks `key` as waited for, as a refused acquire does in the script (its next release
-/// publishes).
-fn wait_mark(key: &str, ttl_ms: u64) -> Cmd {
-    let mut command = redis::cmd("SET");
-    command
-        .arg(format!("{key}{WAITING}"))
-        .arg("1")
-        .arg("PX")
-        .arg(ttl_ms.max(MIN_WAIT_MARK_MS));
-    command
-}
-
-/// What a native acquire's reply means.
-#[derive(Debug)]
-enum NativeOutcome {
-    Granted,
-    Refused,
-    /// The error of this lock alone (e.g. `WRONGTYPE`: the key holds another type).
-    Failed(NodeFailure),
-    /// The server does not take the command (too old, or not allowed): run it as a script.
-    Unsupported,
-}
-
-fn native_outcome(reply: Option<Value>, token: &str) -> NativeOutcome {
-    match reply {
-        Some(Value::Nil) => NativeOutcome::Granted,
-        Some(Value::BulkString(holder)) if holder == token.as_bytes() => NativeOutcome::Granted,
-        Some(Value::BulkString(_)) => NativeOutcome::Refused,
-        Some(Value::ServerError(err)) if matches!(err.code(), "ERR" | "NOPERM") => {
-            NativeOutcome::Unsupported
-        }
-        // Classified as the script call's own error would be (e.g. `READONLY`, `OOM`).
-        Some(Value::ServerError(err)) => NativeOutcome::Failed(redis::RedisError::from(err).into()),
-        Some(other) => NativeOutcome::Failed(error_reply(format!("unexpected reply {other:?}"))),
-        None => NativeOutcome::Failed(NodeFailure::Reply(count_mismatch())),
-    }
-}
-
 fn error_reply(detail: String) -> NodeFailure {
     NodeFailure::Reply(redis::RedisError::from((
         redis::ErrorKind::Extension,
@@ -391,91 +343,5 @@ mod tests {
         .expect_err("an error");
         assert!(err.to_string().contains("error reply"), "{err}");
         assert!(format!("{err:?}").contains("WRONGTYPE"), "{err:?}");
-    }
-
-    fn req(op: Op, keys: &[&str], fair: bool) -> (Request, Option<Reply>) {
-        let queue = fair.then(|| {
-            std::sync::Arc::new(super::super::QueueTicket {
-                waiter: "w".into(),
-                ticket: 1,
-                lease_ms: 1_000,
-            })
-        });
-        let req = Request {
-            op,
-            keys: keys.iter().map(|k| (*k).to_owned()).collect(),
-            token: "token".into(),
-            ttl_ms: 1_000,
-            queue,
-        };
-        (req, None)
-    }
-
-    #[test]
-    fn only_plain_single_key_acquires_whose_key_the_script_does_not_touch_go_natively() {
-        let runs = [
-            req(Op::Acquire, &["a"], false),
-            req(Op::Acquire, &["b", "c"], false), // two keys
-            req(Op::Acquire, &["d"], true),       // fair
-            req(Op::Extend, &["e"], false),
-            req(Op::Acquire, &["f"], false),
-            req(Op::Release, &["f"], false), // after f's acquire: f stays in the script
-            req(Op::Release, &["g"], false),
-            req(Op::Acquire, &["g"], false), // after g's release: g too
-            req(Op::Acquire, &["a"], false), // a twice, both native, in order
-        ];
-        assert_eq!(
-            natives(&runs),
-            [true, false, false, false, false, false, false, false, true]
-        );
-    }
-
-    #[test]
-    fn what_a_native_acquires_reply_means() {
-        let granted = |reply| matches!(native_outcome(reply, "t1"), NativeOutcome::Granted);
-        assert!(granted(Some(Value::Nil)), "the key was free");
-        assert!(
-            granted(Some(Value::BulkString(b"t1".to_vec()))),
-            "the repeat of our own request that landed"
-        );
-        assert!(matches!(
-            native_outcome(Some(Value::BulkString(b"t2".to_vec())), "t1"),
-            NativeOutcome::Refused
-        ));
-        let error_reply = |line: &str| {
-            let bytes = format!("-{line}\r\n");
-            match super::super::resp::parse(bytes.as_bytes()) {
-                Ok(Some((value, _))) => native_outcome(Some(value), "t1"),
-                other => panic!("not an error reply: {other:?}"),
-            }
-        };
-        match error_reply("WRONGTYPE Operation against a key holding the wrong kind of value") {
-            NativeOutcome::Failed(failure) => {
-                assert!(format!("{failure:?}").contains("WRONGTYPE"), "{failure:?}");
-            }
-            other => panic!("the lock's own error: {other:?}"),
-        }
-        // Any other error is classified as the script call's own would be.
-        match error_reply("READONLY You can't write against a read only replica.") {
-            NativeOutcome::Failed(NodeFailure::Reply(err)) => {
-                assert_eq!(err.code(), Some("READONLY"), "{err}");
-            }
-            other => panic!("the lock's own error: {other:?}"),
-        }
-        // Redis 6 (no NX with GET), or a user not allowed the command: the script instead.
-        for line in ["ERR syntax error", "NOPERM this user has no permissions"] {
-            assert!(
-                matches!(error_reply(line), NativeOutcome::Unsupported),
-                "{line}"
-            );
-        }
-        assert!(matches!(
-            native_outcome(Some(Value::Int(1)), "t1"),
-            NativeOutcome::Failed(_)
-        ));
-        assert!(matches!(
-            native_outcome(None, "t1"),
-            NativeOutcome::Failed(_)
-        ));
     }
 }

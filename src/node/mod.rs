@@ -8,6 +8,7 @@ pub(crate) mod connect;
 mod connection;
 #[cfg(test)]
 pub(crate) mod fake;
+mod native;
 mod owned_connection;
 mod pipeline;
 mod redis;

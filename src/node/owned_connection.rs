@@ -133,20 +133,39 @@ impl OwnedConnection {
         replies
     }
 
-    /// Whether single-key acquires may go as native commands (see [`Natives`]).
+    /// Whether single-key acquires may go as native commands: connected, and the
+    /// connection passed the probe (see [`Natives`]).
     pub(crate) fn takes_natives(&self) -> bool {
-        self.natives == Natives::Allowed
+        self.socket.is_some() && self.natives == Natives::Allowed
     }
 
-    /// A script call succeeded on this connection: the user may run the scripts, so a lock
-    /// acquired natively can also be extended and released.
-    pub(crate) fn script_ran(&mut self) {
+    /// Whether the next script call should carry the probe.
+    pub(crate) fn wants_probe(&self) -> bool {
+        self.natives == Natives::Untried
+    }
+
+    /// A script call with the probe succeeded: natives from now on if the probe says the
+    /// server answers them as Redis 7 does, scripts only if not.
+    pub(crate) fn probed(&mut self, works: bool) {
         if self.natives == Natives::Untried {
-            self.natives = Natives::Allowed;
+            self.natives = if works {
+                Natives::Allowed
+            } else {
+                Natives::Refused
+            };
         }
     }
 
-    /// The server refused a native acquire: send them as scripts on this connection.
+    /// A script call failed with an error reply (e.g. `EVALSHA` no longer allowed): no
+    /// natives until a script call succeeds again, so that no lock is granted that could not
+    /// be released.
+    pub(crate) fn script_failed(&mut self) {
+        if self.natives == Natives::Allowed {
+            self.natives = Natives::Untried;
+        }
+    }
+
+    /// The server refused a native acquire: scripts only on this connection.
     pub(crate) fn refuse_natives(&mut self) {
         self.natives = Natives::Refused;
     }
@@ -180,6 +199,8 @@ impl OwnedConnection {
         if let Some(socket) = self.socket.take() {
             socket.abort();
         }
+        // A new connection may reach another server (a restart, a name that moved).
+        self.natives = Natives::Untried;
     }
 
     /// The connected socket: connects first when there is none (in a task of its own,
@@ -213,7 +234,6 @@ impl OwnedConnection {
                 Ok(socket) => {
                     self.refusals.clear();
                     self.socket = Some(socket);
-                    self.natives = Natives::Untried;
                 }
                 Err(err) => {
                     self.refusals.record(&err);
@@ -227,16 +247,17 @@ impl OwnedConnection {
     }
 }
 
-/// Whether a connection sends a lock's plain acquire as a native command.
+/// Whether a connection sends a lock's plain acquire as a native command (see
+/// `node/native.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Natives {
-    /// Not before a script call has succeeded on it: a user who may not run the scripts
-    /// (no `EVALSHA`) must not get locks that it cannot release; its first call fails
-    /// with the permission error instead.
+    /// Not before a script call carrying the probe has succeeded on it: a user who may not
+    /// run the scripts (no `EVALSHA`) must not get locks that it cannot release, and a server
+    /// that gets `SET ... NX GET` wrong must not grant them.
     Untried,
-    /// A script call succeeded.
+    /// The probe passed.
     Allowed,
-    /// The server refused one (older than Redis 7, or not allowed): scripts only.
+    /// The probe failed, or the server refused a native: scripts only.
     Refused,
 }
 

@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 
 use super::batch::BATCH;
 use super::connection::LazyConnection;
+use super::native;
 use super::owned_connection::OwnedConnection;
 use super::pipeline::Job;
 use crate::error::NodeFailure;
@@ -47,9 +48,11 @@ impl Transport {
         match self {
             Transport::Owned(conn) => {
                 let retry = conn.is_connected();
-                let replies = evalsha_once_more(command, &mut **conn, retry).await?;
-                conn.script_ran();
-                Ok(replies)
+                let replies = evalsha_once_more(command, &mut **conn, retry).await;
+                if replies.is_err() {
+                    conn.script_failed();
+                }
+                replies
             }
             Transport::Shared(conn) => {
                 let mut connection = conn.connection().await?;
@@ -61,9 +64,14 @@ impl Transport {
 
 impl Transport {
     /// Whether the batch may send single-key acquires as native commands beside its script
-    /// call: on our own socket, while its server has not refused one.
+    /// call (`node/native.rs`): on our own socket, once it passed the probe.
     pub(super) fn takes_natives(&self) -> bool {
         matches!(self, Transport::Owned(conn) if conn.takes_natives())
+    }
+
+    /// Whether the next script call should carry the probe (our own socket, not probed yet).
+    pub(super) fn wants_probe(&self) -> bool {
+        matches!(self, Transport::Owned(conn) if conn.wants_probe())
     }
 
     /// The server refused a native command: scripts only, on this connection.
@@ -81,60 +89,109 @@ impl Transport {
         }
     }
 
-    /// Runs `natives` and then, if any, the batch script's `EVALSHA` `script` in one pipeline
-    /// on our own socket ([`takes_natives`](Self::takes_natives)): each native's raw reply
-    /// (an error reply as a value), and the script's replies. Repeated once after a lost
-    /// connection, as [`evalsha`](Self::evalsha) (a native acquire is repeat-safe too: it
-    /// finds its own token); on `NOSCRIPT`, the script is loaded and its call alone repeated
-    /// (the natives ran).
+    /// Runs `natives`, then the batch script's `EVALSHA` `script` (if any), then the `probe`
+    /// (if any) in one pipeline on our own socket: each native's raw reply (an error reply as
+    /// a value), and the script's replies or its error. On `NOSCRIPT`, the script is loaded
+    /// and its call alone repeated (the natives ran). A connection lost after it may have
+    /// been written is [`Lost`](PipelineError::Lost), for the batch to run once more.
     pub(super) async fn pipelined(
         &mut self,
         natives: Vec<Cmd>,
         script: Option<&Cmd>,
-    ) -> Result<(Vec<Value>, Vec<Value>), NodeFailure> {
+        probe: Option<[Cmd; 2]>,
+    ) -> Result<Pipelined, PipelineError> {
         let Transport::Owned(conn) = self else {
-            return Err(NodeFailure::Reply(redis::RedisError::from((
-                ErrorKind::Client,
-                "native commands go on a node's own socket only",
-            ))));
+            return Err(PipelineError::Failed(NodeFailure::Reply(
+                redis::RedisError::from((
+                    ErrorKind::Client,
+                    "native commands go on a node's own socket only",
+                )),
+            )));
         };
+        let count = natives.len();
         let mut commands = natives;
         commands.extend(script.cloned());
-        let retry = conn.is_connected();
+        if let Some(probe) = probe.clone() {
+            commands.extend(probe);
+        }
+        let was_connected = conn.is_connected();
         let mut replies = match conn.call_all(&commands).await {
-            Err(err) if retry && (err.is_io_error() || err.is_connection_dropped()) => {
+            Ok(replies) if replies.len() == commands.len() => replies,
+            Ok(_) => return Err(PipelineError::Failed(NodeFailure::Reply(out_of_step()))),
+            Err(err) if was_connected && (err.is_io_error() || err.is_connection_dropped()) => {
                 tracing::debug!(%err, "connection lost; retrying the batch once");
-                conn.call_all(&commands).await?
+                return Err(PipelineError::Lost(err.into()));
             }
-            other => other?,
+            Err(err) => return Err(PipelineError::Failed(err.into())),
         };
-        let Some(script) = script else {
-            return Ok((replies, Vec::new()));
-        };
-        let last = match replies.pop() {
-            Some(Value::ServerError(err)) if err.kind() == Some(ServerErrorKind::NoScript) => {
-                let loaded = conn.call(&super::batch::load_batch_script()).await?;
-                if let Value::ServerError(err) = loaded {
-                    return Err(redis::RedisError::from(err).into());
+        let probed = probe.map(|_| replies.split_off(replies.len() - 2));
+        let script_reply = script.map(|_| replies.pop());
+        let script_replies = match (script, script_reply.flatten()) {
+            (None, _) => Ok(Vec::new()),
+            (Some(script), Some(Value::ServerError(err)))
+                if err.kind() == Some(ServerErrorKind::NoScript) =>
+            {
+                let loaded = conn.call(&super::batch::load_batch_script()).await;
+                let again = match loaded {
+                    Ok(Value::ServerError(err)) => Err(redis::RedisError::from(err)),
+                    Ok(_) => conn.call(script).await,
+                    Err(err) => Err(err),
+                };
+                match again {
+                    Ok(reply) => script_result(reply),
+                    Err(err) => return Err(PipelineError::Failed(err.into())),
                 }
-                conn.call(script).await?
             }
-            Some(last) => last,
-            None => return Err(NodeFailure::Reply(out_of_step())),
+            (Some(_), Some(reply)) => script_result(reply),
+            (Some(_), None) => Err(NodeFailure::Reply(out_of_step())),
         };
-        let script_replies = match last {
-            Value::Array(values) => values,
-            Value::ServerError(err) => return Err(redis::RedisError::from(err).into()),
-            _ => return Err(NodeFailure::Reply(out_of_step())),
-        };
-        Ok((replies, script_replies))
+        match (&script_replies, probed) {
+            (Err(_), _) => conn.script_failed(),
+            (Ok(_), Some(probed)) => match native::probed(&probed) {
+                native::Probed::Works => conn.probed(true),
+                native::Probed::Broken => conn.probed(false),
+                native::Probed::Unknown => {}
+            },
+            (Ok(_), None) => {}
+        }
+        debug_assert_eq!(replies.len(), count);
+        Ok(Pipelined {
+            natives: replies,
+            script: script_replies,
+        })
+    }
+}
+
+/// What [`Transport::pipelined`] brings back.
+pub(super) struct Pipelined {
+    /// Each native command's raw reply, in order.
+    pub(super) natives: Vec<Value>,
+    /// The script's replies, or its error (the natives' replies stand).
+    pub(super) script: Result<Vec<Value>, NodeFailure>,
+}
+
+/// Why [`Transport::pipelined`] brought nothing back.
+pub(super) enum PipelineError {
+    /// The connection was lost after the pipeline may have been written: the batch may run
+    /// once more (every operation is repeat-safe for its token).
+    Lost(NodeFailure),
+    /// The node could not be reached, or answered out of step.
+    Failed(NodeFailure),
+}
+
+/// The script call's reply: its array of per-operation replies, or its error.
+fn script_result(reply: Value) -> Result<Vec<Value>, NodeFailure> {
+    match reply {
+        Value::Array(values) => Ok(values),
+        Value::ServerError(err) => Err(redis::RedisError::from(err).into()),
+        _ => Err(NodeFailure::Reply(out_of_step())),
     }
 }
 
 fn out_of_step() -> redis::RedisError {
     redis::RedisError::from((
         ErrorKind::UnexpectedReturnType,
-        "the batch script's call did not return an array",
+        "a batch's pipeline was answered out of step",
     ))
 }
 
