@@ -127,7 +127,7 @@ async fn a_user_without_evalsha_gets_a_permission_error_that_names_it() {
             .expect_err("EVALSHA is refused");
         assert!(matches!(err, Error::QuorumUnreachable { .. }), "{err}");
     }
-    // (The probe's mark, `a:redfence:waiting`, lives 100 ms; a lock key would live 10 s.)
+    // (Stragglers may still be running the probe, which writes and deletes `a:redfence:probe`.)
     for i in 0..3 {
         assert_eq!(servers.get(i, "a"), None, "node {i}");
         assert!(

@@ -65,11 +65,13 @@ async fn bad_requests_never_reach_a_node() {
         invalid(redlock.acquire(&["a"], Duration::MAX).await),
         InvalidInput::TtlTooLong { .. }
     ));
-    // A key that could be another lock's helper key (its fair queue, its waiting mark).
+    // A key that could be another lock's helper key (its fair queue, its waiting mark, the
+    // key a connection's probe writes and deletes).
     for reserved in [
         "job:redfence:waiting",
         "job:redfence:queue",
         "job:redfence:alive",
+        "job:redfence:probe",
     ] {
         match invalid(redlock.try_acquire(&["a", reserved], TTL).await) {
             InvalidInput::ReservedName {

@@ -109,6 +109,11 @@ async fn a_refused_native_acquire_marks_the_key_as_waited_for() {
         eventually(|| (0..3).all(|i| servers.get(i, "job:redfence:waiting").is_some())).await,
         "every node marks the key as waited for"
     );
+    for i in 0..3 {
+        assert_eq!(servers.get(i, "job:redfence:waiting").as_deref(), Some("1"));
+        let pttl: i64 = servers.cmd(i, &["PTTL", "job:redfence:waiting"]);
+        assert!(pttl > 20_000, "node {i}: the waiter's TTL, {pttl} ms left");
+    }
     // So the release deletes the mark with the key.
     held.release().await.expect("release");
     assert!(
@@ -207,4 +212,40 @@ async fn after_a_script_flush_natives_and_the_script_in_one_write_both_run() {
         );
     }
     lock.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn once_evalsha_is_revoked_a_failed_script_call_stops_the_natives() {
+    let servers = Servers::start(3);
+    let redlock = servers.builder().retry_count(0).build().expect("config");
+    natives_on(&redlock, &servers).await;
+    for i in 0..3 {
+        servers.cmd::<()>(i, &["ACL", "SETUSER", "default", "-evalsha"]);
+    }
+    // Nothing tells the connections yet: a native acquire is still granted...
+    let lock = redlock.acquire(&["first"], TTL).await.expect("native");
+    // ...but its release is a script call, refused: natives stop there, and the lock's keys
+    // are left to their TTL (the cost of revoking a permission under a running client; so is
+    // a native that shares a write with a refused script call).
+    let _ = lock.release().await;
+    let refused = || (0..3).all(|i| servers.command_stat(i, "evalsha", "rejected_calls") >= 1);
+    assert!(eventually(refused).await, "every node refused the release");
+    let err = redlock
+        .acquire(&["second"], TTL)
+        .await
+        .expect_err("scripts only now, and refused");
+    match &err {
+        Error::QuorumUnreachable { errors, .. } => {
+            assert!(
+                errors
+                    .iter()
+                    .all(|e| matches!(e.failure, NodeFailure::Permission(_))),
+                "{err}"
+            );
+        }
+        other => panic!("expected the permission error, got {other:?}"),
+    }
+    for i in 0..3 {
+        assert_eq!(servers.get(i, "second"), None, "node {i}");
+    }
 }

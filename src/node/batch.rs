@@ -97,14 +97,21 @@ impl Batch {
             };
             let natives = native.iter().filter(|native| **native).count();
             let probe = (natives == 0 && transport.wants_probe())
-                .then(|| self.runs[0].0.keys.first().map(|key| native::probe(key)))
+                .then(|| {
+                    let (first, _) = &self.runs[0];
+                    let key = first.keys.first()?;
+                    Some(native::Probe::new(key, &first.token))
+                })
                 .flatten();
             if natives == 0 && probe.is_none() {
                 let command = self.command(|_| true);
                 let replies = tokio::select! {
                     biased;
                     replies = transport.evalsha(&command) => replies?,
-                    () = deadline.as_mut() => return Err(NodeFailure::Timeout(timeout)),
+                    () = deadline.as_mut() => {
+                        transport.script_failed();
+                        return Err(NodeFailure::Timeout(timeout));
+                    }
                 };
                 check_count(replies.len(), self.runs.len())?;
                 for ((_, reply), value) in self.runs.drain(..).zip(replies) {
@@ -125,8 +132,13 @@ impl Batch {
                 .collect();
             let pipelined = tokio::select! {
                 biased;
-                pipelined = transport.pipelined(commands, script.as_ref(), probe) => pipelined,
-                () = deadline.as_mut() => return Err(NodeFailure::Timeout(timeout)),
+                pipelined = transport.pipelined(commands, script.as_ref(), probe.as_ref()) => {
+                    pipelined
+                }
+                () = deadline.as_mut() => {
+                    transport.script_failed();
+                    return Err(NodeFailure::Timeout(timeout));
+                }
             };
             let Pipelined {
                 natives: native_replies,

@@ -14,13 +14,13 @@
 //!
 //! Only an acquire whose key no other operation of the batch touches goes natively: the
 //! natives are written before the script call, and every key keeps the order of its
-//! operations. A connection sends natives only once it has passed the **probe**: a script call
+//! operations. A connection sends natives only once it has passed the [`Probe`]: a script call
 //! that succeeded (a user who may not run the scripts must not get locks it cannot release),
-//! with two `SET k v NX GET PX 100` on a waiting mark written after it, answered nil then `v`
-//! as Redis 7 and Valkey answer them. A server that answers otherwise (older than Redis 7, a
-//! look-alike that gets `NX` with `GET` wrong, an ACL that does not cover the marks) gets
-//! scripts only on that connection, and so does one that refuses a native (`ERR`, `NOPERM`):
-//! those acquires run again as script operations after the rest of the batch.
+//! with the probe's commands written after it, answered as Redis 7 and Valkey answer them. A server that answers otherwise (older than Redis 7, a look-alike that
+//! gets `NX` with `GET` wrong, an ACL that does not cover the marks) gets scripts only on that
+//! connection, and so does one that refuses a native (`ERR`, `NOPERM`): those acquires run
+//! again as script operations after the rest of the batch. A new connection, and one whose
+//! script call failed or timed out, is probed again.
 
 use std::collections::HashSet;
 
@@ -33,8 +33,9 @@ use crate::error::NodeFailure;
 /// The key suffix and the shortest time (ms) of a waiting mark, as in `scripts/batch.lua`.
 const WAITING: &str = ":redfence:waiting";
 const MIN_WAIT_MARK_MS: u64 = 10_000;
-/// The value the probe sets, for 100 ms, on a waiting mark that does not exist.
-const PROBE_VALUE: &str = "redfence:probe";
+/// The suffix of the key beside a lock key that the probe writes and deletes (reserved: no
+/// lock key may end so).
+pub(crate) const PROBE: &str = ":redfence:probe";
 
 /// Which of `runs` go as native commands: plain single-key acquires whose key no operation
 /// that goes in the script touches (so that every key's operations keep their order).
@@ -111,39 +112,83 @@ pub(super) fn native_outcome(reply: Option<Value>, token: &str) -> NativeOutcome
     }
 }
 
-/// The probe's two commands, on `key`'s waiting mark.
-pub(super) fn probe(key: &str) -> [Cmd; 2] {
-    let set = || {
-        let mut command = redis::cmd("SET");
-        command
-            .arg(format!("{key}{WAITING}"))
-            .arg(PROBE_VALUE)
-            .arg("NX")
-            .arg("GET")
-            .arg("PX")
-            .arg(100);
-        command
-    };
-    [set(), set()]
+/// The probe a connection passes before it sends natives, on the batch's first key `K`:
+/// `SET K:redfence:probe v1 NX GET PX 100`, the same with `v2`, `GET`, then `DEL` (the probe
+/// leaves nothing behind; the suffix is reserved, no lock can have that key), with `v1` and
+/// `v2` unique to this probe. Redis 7 and Valkey answer nil, `v1`, `v1`; a server that
+/// answers nil when `NX` blocked the write, echoes the value it was given, or overwrites
+/// despite `NX` answers otherwise.
+pub(super) struct Probe {
+    first: String,
+    second: String,
+    commands: [Cmd; 4],
 }
 
-/// What the probe's replies say about the server.
+impl Probe {
+    /// A probe beside `key`; `token` (a request's, unique) makes its values unique.
+    pub(super) fn new(key: &str, token: &str) -> Self {
+        let probe_key = format!("{key}{PROBE}");
+        let (first, second) = (format!("{token}:1"), format!("{token}:2"));
+        let set = |value: &str| {
+            let mut command = redis::cmd("SET");
+            command
+                .arg(&probe_key)
+                .arg(value)
+                .arg("NX")
+                .arg("GET")
+                .arg("PX")
+                .arg(100);
+            command
+        };
+        let (mut get, mut del) = (redis::cmd("GET"), redis::cmd("DEL"));
+        get.arg(&probe_key);
+        del.arg(&probe_key);
+        let commands = [set(&first), set(&second), get, del];
+        Probe {
+            first,
+            second,
+            commands,
+        }
+    }
+
+    pub(super) fn commands(&self) -> &[Cmd] {
+        &self.commands
+    }
+
+    /// What the probe's replies say about the server.
+    pub(super) fn judge(&self, replies: &[Value]) -> Probed {
+        let ours = |value: &[u8]| value == self.first.as_bytes() || value == self.second.as_bytes();
+        match replies {
+            [
+                Value::Nil,
+                Value::BulkString(old),
+                Value::BulkString(now),
+                _,
+            ] if old == self.first.as_bytes() && now == self.first.as_bytes() => Probed::Works,
+            // Another connection's probe was in the way: no answer; a later batch asks again.
+            [
+                Value::BulkString(a),
+                Value::BulkString(b),
+                Value::BulkString(c),
+                _,
+            ] if a == b && b == c && !ours(a) => Probed::Unknown,
+            [Value::Nil, Value::BulkString(b), Value::BulkString(c), _] if b == c && !ours(b) => {
+                Probed::Unknown
+            }
+            _ => Probed::Broken,
+        }
+    }
+}
+
+/// What the probe says about the server.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Probed {
-    /// Nil, then the value: `SET ... NX GET` works as in Redis 7.
+    /// `SET ... NX GET` works as in Redis 7.
     Works,
-    /// The mark was there already (someone waits): ask again with a later batch.
+    /// Someone else's mark was in the way: ask again with a later batch.
     Unknown,
-    /// Anything else: scripts only.
+    /// Anything else (a look-alike server, Redis 6, an ACL without the marks): scripts only.
     Broken,
-}
-
-pub(super) fn probed(replies: &[Value]) -> Probed {
-    match replies {
-        [Value::Nil, Value::BulkString(value)] if value == PROBE_VALUE.as_bytes() => Probed::Works,
-        [Value::BulkString(first), Value::BulkString(second)] if first == second => Probed::Unknown,
-        _ => Probed::Broken,
-    }
 }
 
 #[cfg(test)]
@@ -237,63 +282,87 @@ mod tests {
     }
 
     #[test]
-    fn the_probe_passes_only_on_nil_then_its_value() {
-        let value = || Value::BulkString(PROBE_VALUE.as_bytes().to_vec());
-        assert_eq!(probed(&[Value::Nil, value()]), Probed::Works);
-        // Someone waits (or another probe ran): no answer yet.
-        let mark = || Value::BulkString(b"1".to_vec());
-        assert_eq!(probed(&[mark(), mark()]), Probed::Unknown);
-        assert_eq!(probed(&[value(), value()]), Probed::Unknown);
-        // A look-alike that answers nil when NX blocked the write, one that ignores GET,
-        // Redis 6's syntax error, an ACL without the marks.
+    fn the_probe_passes_only_on_nil_then_its_first_value_twice() {
+        let probe = Probe::new("job", "t1");
+        let bulk = |value: &str| Value::BulkString(value.as_bytes().to_vec());
+        let (v1, v2) = (bulk("t1:1"), bulk("t1:2"));
+        let deleted = || Value::Int(1);
+        let judge = |replies: [Value; 3]| {
+            let [a, b, c] = replies;
+            probe.judge(&[a, b, c, deleted()])
+        };
+        assert_eq!(judge([Value::Nil, v1.clone(), v1.clone()]), Probed::Works);
+        // Another probe was there, or came between our commands: no answer yet.
+        let other = || bulk("t0:1");
+        assert_eq!(judge([other(), other(), other()]), Probed::Unknown);
+        assert_eq!(judge([Value::Nil, other(), other()]), Probed::Unknown);
         let error = |line: &str| match super::super::resp::parse(format!("-{line}\r\n").as_bytes())
         {
             Ok(Some((value, _))) => value,
             other => panic!("not an error reply: {other:?}"),
         };
-        let ok = || Value::Okay;
         for replies in [
-            [Value::Nil, Value::Nil],
-            [ok(), ok()],
-            [error("ERR syntax error"), error("ERR syntax error")],
+            // Nil when NX blocked the write (a look-alike server).
+            [Value::Nil, Value::Nil, v1.clone()],
+            // The value it was given, echoed.
+            [v1.clone(), v2.clone(), v2.clone()],
+            [Value::Nil, v2.clone(), v2.clone()],
+            // NX ignored: the old value, then overwritten.
+            [Value::Nil, v1.clone(), v2.clone()],
+            // GET ignored; Redis 6's syntax error; an ACL without the marks.
+            [Value::Okay, Value::Okay, v1.clone()],
+            [
+                error("ERR syntax error"),
+                error("ERR syntax error"),
+                Value::Nil,
+            ],
             [
                 error("NOPERM no permissions"),
                 error("NOPERM no permissions"),
+                Value::Nil,
             ],
-            [Value::Nil, mark()],
         ] {
-            assert_eq!(probed(&replies), Probed::Broken, "{replies:?}");
+            assert_eq!(judge(replies.clone()), Probed::Broken, "{replies:?}");
         }
     }
 
-    /// A server that passes the probe but refuses the native commands themselves (`-ERR`):
-    /// the acquires run again as script operations, after the rest of the batch, each is
-    /// answered once, and the connection sends scripts only from then on. (Real servers all
-    /// take the native command; this fake speaks just enough RESP for the batch.)
-    #[tokio::test]
-    async fn natives_refused_by_the_server_run_again_as_script_operations() {
+    /// How a fake server answers `SET key value NX GET`.
+    #[derive(Clone, Copy, PartialEq)]
+    enum NxGet {
+        /// As Redis 7: the old value (nothing written), or nil (written).
+        Redis7,
+        /// Nil when NX blocked the write.
+        NilWhenBlocked,
+        /// The value it was given.
+        Echo,
+        /// Writes despite NX, and returns the old value.
+        IgnoresNx,
+        /// `-ERR syntax error` for a lock's key, as Redis 7 for the probe's key.
+        RefusesLockKeys,
+    }
+
+    /// A fake server that speaks just enough RESP for a batch: `EVALSHA` (every operation
+    /// answered 1), `SET ... NX GET` as `mode` says, `GET`, `DEL`, `+OK` for the rest. Returns its
+    /// port and the log of what it ran ("SET key", "EVALSHA key key...") for lock keys.
+    async fn fake_node(mode: NxGet) -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+        use std::collections::HashMap;
         use std::sync::{Arc, Mutex};
-        use std::time::Duration;
 
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         use tokio::net::TcpListener;
-        use tokio::sync::oneshot;
-        use tokio_util::task::TaskTracker;
-
-        use super::super::batch::Batch;
-        use super::super::owned_connection::OwnedConnection;
-        use super::super::pipeline::Job;
-        use super::super::transport::Transport;
 
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("addr").port();
-        // What the server ran, in order: "SET key" or "EVALSHA key key...".
         let log = Arc::new(Mutex::new(Vec::<String>::new()));
         let server_log = Arc::clone(&log);
         tokio::spawn(async move {
             let (mut stream, _) = listener.accept().await.expect("accept");
-            let (mut input, mut marks) = (Vec::new(), std::collections::HashMap::new());
+            let (mut input, mut keys) = (Vec::new(), HashMap::<String, String>::new());
             let mut buf = vec![0u8; 64 * 1024];
+            let bulk = |value: Option<&String>| match value {
+                Some(v) => format!("${}\r\n{v}\r\n", v.len()),
+                None => "$-1\r\n".to_owned(),
+            };
             loop {
                 while let Ok(Some((Value::Array(args), used))) = super::super::resp::parse(&input) {
                     input.drain(..used);
@@ -304,30 +373,56 @@ mod tests {
                             other => format!("{other:?}"),
                         })
                         .collect();
-                    let reply = match args[0].as_str() {
-                        "EVALSHA" => {
-                            let keys: usize = args[2].parse().expect("numkeys");
-                            let ops = (args.len() - 3 - keys) / 4;
-                            server_log
-                                .lock()
-                                .expect("log")
-                                .push(format!("EVALSHA {}", args[3..3 + keys].join(" ")));
-                            format!("*{ops}\r\n{}", ":1\r\n".repeat(ops))
-                        }
-                        "SET" if args[2] == PROBE_VALUE => {
-                            match marks.insert(args[1].clone(), args[2].clone()) {
-                                None => "$-1\r\n".to_owned(),
-                                Some(v) => format!("${}\r\n{v}\r\n", v.len()),
+                    let reply = {
+                        let mut log = server_log.lock().expect("log");
+                        match args[0].as_str() {
+                            "EVALSHA" => {
+                                let numkeys: usize = args[2].parse().expect("numkeys");
+                                let ops = (args.len() - 3 - numkeys) / 4;
+                                log.push(format!("EVALSHA {}", args[3..3 + numkeys].join(" ")));
+                                format!("*{ops}\r\n{}", ":1\r\n".repeat(ops))
                             }
+                            "GET" => bulk(keys.get(&args[1])),
+                            "DEL" => {
+                                format!(":{}\r\n", usize::from(keys.remove(&args[1]).is_some()))
+                            }
+                            "SET" => {
+                                let (key, value) = (args[1].clone(), args[2].clone());
+                                let mark = key.ends_with(WAITING) || key.ends_with(PROBE);
+                                if !mark {
+                                    log.push(format!("SET {key}"));
+                                }
+                                let old = keys.get(&key).cloned();
+                                match mode {
+                                    NxGet::RefusesLockKeys if !mark => {
+                                        "-ERR syntax error\r\n".to_owned()
+                                    }
+                                    NxGet::Redis7 | NxGet::RefusesLockKeys => {
+                                        if old.is_none() {
+                                            keys.insert(key, value);
+                                        }
+                                        bulk(old.as_ref())
+                                    }
+                                    NxGet::NilWhenBlocked => {
+                                        if old.is_none() {
+                                            keys.insert(key, value);
+                                        }
+                                        bulk(None)
+                                    }
+                                    NxGet::Echo => {
+                                        if old.is_none() {
+                                            keys.insert(key, value.clone());
+                                        }
+                                        bulk(Some(&value))
+                                    }
+                                    NxGet::IgnoresNx => {
+                                        keys.insert(key, value);
+                                        bulk(old.as_ref())
+                                    }
+                                }
+                            }
+                            _ => "+OK\r\n".to_owned(),
                         }
-                        "SET" => {
-                            server_log
-                                .lock()
-                                .expect("log")
-                                .push(format!("SET {}", args[1]));
-                            "-ERR syntax error\r\n".to_owned()
-                        }
-                        _ => "+OK\r\n".to_owned(),
                     };
                     stream.write_all(reply.as_bytes()).await.expect("write");
                 }
@@ -337,53 +432,87 @@ mod tests {
                 }
             }
         });
+        (port, log)
+    }
 
+    /// A transport with its own socket to `127.0.0.1:port`.
+    fn transport_to(port: u16) -> super::super::transport::Transport {
         let info =
             redis::IntoConnectionInfo::into_connection_info(format!("redis://127.0.0.1:{port}"))
                 .expect("url");
-        let connection =
-            OwnedConnection::for_plain_tcp(&info, None, Duration::from_secs(5), TaskTracker::new())
-                .expect("a plain TCP node");
-        let mut transport = Transport::Owned(Box::new(connection));
-        let timeout = Duration::from_secs(5);
-        let run = async |transport: &mut Transport, ops: &[(Op, &str)]| {
-            let mut batch = Batch::default();
-            let mut answers = Vec::new();
-            for (op, key) in ops {
-                let (reply, answer) = oneshot::channel();
-                let req = Request {
-                    op: *op,
-                    keys: vec![(*key).to_owned()].into(),
-                    token: "token".into(),
-                    ttl_ms: 1_000,
-                    queue: None,
-                };
-                batch.push(Job::Run {
-                    req,
-                    reply: Some(reply),
-                });
-                answers.push(answer);
-            }
-            let deadline = tokio::time::sleep(timeout);
-            tokio::pin!(deadline);
-            batch
-                .run(transport, timeout, deadline.as_mut())
-                .await
-                .expect("the batch ran");
-            let mut replies = Vec::new();
-            for answer in answers {
-                replies.push(answer.await.expect("answered").expect("granted"));
-            }
-            replies
-        };
+        let connection = super::super::owned_connection::OwnedConnection::for_plain_tcp(
+            &info,
+            None,
+            std::time::Duration::from_secs(5),
+            tokio_util::task::TaskTracker::new(),
+        )
+        .expect("a plain TCP node");
+        super::super::transport::Transport::Owned(Box::new(connection))
+    }
 
+    /// Runs `ops` (each on its own key, token "token") as one batch; every reply.
+    async fn run(
+        transport: &mut super::super::transport::Transport,
+        ops: &[(Op, &str)],
+    ) -> Vec<Result<i64, NodeFailure>> {
+        let timeout = std::time::Duration::from_secs(5);
+        let mut batch = super::super::batch::Batch::default();
+        let mut answers = Vec::new();
+        for (op, key) in ops {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            let req = Request {
+                op: *op,
+                keys: vec![(*key).to_owned()].into(),
+                token: "token".into(),
+                ttl_ms: 1_000,
+                queue: None,
+            };
+            batch.push(super::super::pipeline::Job::Run {
+                req,
+                reply: Some(reply),
+            });
+            answers.push(answer);
+        }
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        batch
+            .run(transport, timeout, deadline.as_mut())
+            .await
+            .expect("the batch ran");
+        let mut replies = Vec::new();
+        for answer in answers {
+            replies.push(answer.await.expect("answered once"));
+        }
+        replies
+    }
+
+    fn granted(replies: Vec<Result<i64, NodeFailure>>) -> Vec<i64> {
+        replies
+            .into_iter()
+            .map(|reply| reply.expect("granted"))
+            .collect()
+    }
+
+    /// A server that passes the probe but refuses the native commands themselves (`-ERR`):
+    /// the acquires run again as script operations, after the rest of the batch, each is
+    /// answered once, and the connection sends scripts only from then on.
+    #[tokio::test]
+    async fn natives_refused_by_the_server_run_again_as_script_operations() {
+        let (port, log) = fake_node(NxGet::RefusesLockKeys).await;
+        let mut transport = transport_to(port);
         // The first batch carries the probe, which passes.
-        assert_eq!(run(&mut transport, &[(Op::Acquire, "a")]).await, [1]);
+        assert_eq!(
+            granted(run(&mut transport, &[(Op::Acquire, "a")]).await),
+            [1]
+        );
         assert!(transport.takes_natives());
         let batch = [(Op::Acquire, "b"), (Op::Acquire, "c"), (Op::Release, "d")];
-        assert_eq!(run(&mut transport, &batch).await, [1, 1, 1]);
+        assert_eq!(granted(run(&mut transport, &batch).await), [1, 1, 1]);
         assert!(!transport.takes_natives(), "scripts only from now on");
-        assert_eq!(run(&mut transport, &[(Op::Acquire, "e")]).await, [1]);
+        assert_eq!(
+            granted(run(&mut transport, &[(Op::Acquire, "e")]).await),
+            [1]
+        );
         assert_eq!(
             *log.lock().expect("log"),
             [
@@ -395,5 +524,36 @@ mod tests {
                 "EVALSHA e"
             ]
         );
+    }
+
+    /// Look-alike servers that get `SET ... NX GET` wrong fail the probe: no native acquire
+    /// is ever sent to them (one of them would grant a lock another holds).
+    #[tokio::test]
+    async fn a_server_that_gets_nx_with_get_wrong_never_gets_a_native() {
+        for mode in [NxGet::NilWhenBlocked, NxGet::Echo, NxGet::IgnoresNx] {
+            let (port, log) = fake_node(mode).await;
+            let mut transport = transport_to(port);
+            for key in ["a", "b", "c"] {
+                assert_eq!(
+                    granted(run(&mut transport, &[(Op::Acquire, key)]).await),
+                    [1]
+                );
+                assert!(!transport.takes_natives());
+            }
+            assert_eq!(
+                *log.lock().expect("log"),
+                ["EVALSHA a", "EVALSHA b", "EVALSHA c"]
+            );
+        }
+        // And Redis 7's answers pass it: the second acquire goes natively.
+        let (port, log) = fake_node(NxGet::Redis7).await;
+        let mut transport = transport_to(port);
+        for key in ["a", "b"] {
+            assert_eq!(
+                granted(run(&mut transport, &[(Op::Acquire, key)]).await),
+                [1]
+            );
+        }
+        assert_eq!(*log.lock().expect("log"), ["EVALSHA a", "SET b"]);
     }
 }

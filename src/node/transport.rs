@@ -74,6 +74,13 @@ impl Transport {
         matches!(self, Transport::Owned(conn) if conn.wants_probe())
     }
 
+    /// A script call may not have run (its deadline passed): natives wait for one to succeed.
+    pub(super) fn script_failed(&mut self) {
+        if let Transport::Owned(conn) = self {
+            conn.script_failed();
+        }
+    }
+
     /// The server refused a native command: scripts only, on this connection.
     pub(super) fn refuse_natives(&mut self) {
         if let Transport::Owned(conn) = self {
@@ -98,7 +105,7 @@ impl Transport {
         &mut self,
         natives: Vec<Cmd>,
         script: Option<&Cmd>,
-        probe: Option<[Cmd; 2]>,
+        probe: Option<&native::Probe>,
     ) -> Result<Pipelined, PipelineError> {
         let Transport::Owned(conn) = self else {
             return Err(PipelineError::Failed(NodeFailure::Reply(
@@ -111,20 +118,33 @@ impl Transport {
         let count = natives.len();
         let mut commands = natives;
         commands.extend(script.cloned());
-        if let Some(probe) = probe.clone() {
-            commands.extend(probe);
+        if let Some(probe) = probe {
+            commands.extend_from_slice(probe.commands());
         }
         let was_connected = conn.is_connected();
-        let mut replies = match conn.call_all(&commands).await {
+        let called = conn.call_all(&commands).await;
+        // Whatever went wrong, natives wait for a script call to succeed again.
+        if !matches!(&called, Ok(replies) if replies.len() == commands.len()) {
+            conn.script_failed();
+        }
+        let mut replies = match called {
             Ok(replies) if replies.len() == commands.len() => replies,
             Ok(_) => return Err(PipelineError::Failed(NodeFailure::Reply(out_of_step()))),
-            Err(err) if was_connected && (err.is_io_error() || err.is_connection_dropped()) => {
+            // Lost: the socket broke and was dropped (not a stall: nothing was written then).
+            Err(err)
+                if was_connected
+                    && !conn.is_connected()
+                    && (err.is_io_error() || err.is_connection_dropped()) =>
+            {
                 tracing::debug!(%err, "connection lost; retrying the batch once");
                 return Err(PipelineError::Lost(err.into()));
             }
             Err(err) => return Err(PipelineError::Failed(err.into())),
         };
-        let probed = probe.map(|_| replies.split_off(replies.len() - 2));
+        let probed = probe.map(|probe| {
+            let replies = replies.split_off(replies.len() - probe.commands().len());
+            probe.judge(&replies)
+        });
         let script_reply = script.map(|_| replies.pop());
         let script_replies = match (script, script_reply.flatten()) {
             (None, _) => Ok(Vec::new()),
@@ -139,7 +159,10 @@ impl Transport {
                 };
                 match again {
                     Ok(reply) => script_result(reply),
-                    Err(err) => return Err(PipelineError::Failed(err.into())),
+                    Err(err) => {
+                        conn.script_failed();
+                        return Err(PipelineError::Failed(err.into()));
+                    }
                 }
             }
             (Some(_), Some(reply)) => script_result(reply),
@@ -147,7 +170,7 @@ impl Transport {
         };
         match (&script_replies, probed) {
             (Err(_), _) => conn.script_failed(),
-            (Ok(_), Some(probed)) => match native::probed(&probed) {
+            (Ok(_), Some(probed)) => match probed {
                 native::Probed::Works => conn.probed(true),
                 native::Probed::Broken => conn.probed(false),
                 native::Probed::Unknown => {}
