@@ -80,6 +80,16 @@ async fn bad_requests_never_reach_a_node() {
             other => panic!("{reserved}: {other:?}"),
         }
     }
+    // The check is on the key, prefix included.
+    let prefixed = servers
+        .builder()
+        .key_prefix("job:redfence:")
+        .build()
+        .expect("config");
+    match invalid(prefixed.try_acquire(&["probe"], TTL).await) {
+        InvalidInput::ReservedName { resource, .. } => assert_eq!(resource, "probe"),
+        other => panic!("job:redfence:probe: {other:?}"),
+    }
     // The lazy connections were never even opened, and nothing was written.
     assert_eq!(clients(&servers), 1);
     for i in 0..3 {

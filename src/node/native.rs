@@ -33,8 +33,7 @@ use crate::error::NodeFailure;
 /// The key suffix and the shortest time (ms) of a waiting mark, as in `scripts/batch.lua`.
 const WAITING: &str = ":redfence:waiting";
 const MIN_WAIT_MARK_MS: u64 = 10_000;
-/// The suffix of the key beside a lock key that the probe writes and deletes (reserved: no
-/// lock key may end so).
+/// The suffix of the keys the probe writes and deletes (reserved: no lock key may end so).
 pub(crate) const PROBE: &str = ":redfence:probe";
 
 /// Which of `runs` go as native commands: plain single-key acquires whose key no operation
@@ -112,23 +111,21 @@ pub(super) fn native_outcome(reply: Option<Value>, token: &str) -> NativeOutcome
     }
 }
 
-/// The probe a connection passes before it sends natives, on the batch's first key `K`:
-/// `SET K:redfence:probe v1 NX GET PX 100`, the same with `v2`, `GET`, then `DEL` (the probe
-/// leaves nothing behind; the suffix is reserved, no lock can have that key), with `v1` and
-/// `v2` unique to this probe. Redis 7 and Valkey answer nil, `v1`, `v1`; a server that
-/// answers nil when `NX` blocked the write, echoes the value it was given, or overwrites
-/// despite `NX` answers otherwise.
+/// The probe a connection passes before it sends natives, on a key of its own beside the
+/// batch's first key `K`, `K:<token>:redfence:probe` (`token` is a request's, random; the
+/// suffix is reserved, so no redfence lock has that key, and no peer holds one with a random
+/// part): `SET k 1 NX GET PX 100`, `SET k 2 NX GET PX 100`, `GET k`, then `DEL k`, so that
+/// nothing is left behind. Redis 7 and Valkey answer nil, `1`, `1`; a server that answers nil
+/// when `NX` blocked the write, echoes the value it was given, or overwrites despite `NX`
+/// answers otherwise.
 pub(super) struct Probe {
-    first: String,
-    second: String,
     commands: [Cmd; 4],
 }
 
 impl Probe {
-    /// A probe beside `key`; `token` (a request's, unique) makes its values unique.
+    /// A probe beside `key`, on a key named after `token`.
     pub(super) fn new(key: &str, token: &str) -> Self {
-        let probe_key = format!("{key}{PROBE}");
-        let (first, second) = (format!("{token}:1"), format!("{token}:2"));
+        let probe_key = format!("{key}:{token}{PROBE}");
         let set = |value: &str| {
             let mut command = redis::cmd("SET");
             command
@@ -143,11 +140,8 @@ impl Probe {
         let (mut get, mut del) = (redis::cmd("GET"), redis::cmd("DEL"));
         get.arg(&probe_key);
         del.arg(&probe_key);
-        let commands = [set(&first), set(&second), get, del];
         Probe {
-            first,
-            second,
-            commands,
+            commands: [set("1"), set("2"), get, del],
         }
     }
 
@@ -155,40 +149,14 @@ impl Probe {
         &self.commands
     }
 
-    /// What the probe's replies say about the server.
-    pub(super) fn judge(&self, replies: &[Value]) -> Probed {
-        let ours = |value: &[u8]| value == self.first.as_bytes() || value == self.second.as_bytes();
-        match replies {
-            [
-                Value::Nil,
-                Value::BulkString(old),
-                Value::BulkString(now),
-                _,
-            ] if old == self.first.as_bytes() && now == self.first.as_bytes() => Probed::Works,
-            // Another connection's probe was in the way: no answer; a later batch asks again.
-            [
-                Value::BulkString(a),
-                Value::BulkString(b),
-                Value::BulkString(c),
-                _,
-            ] if a == b && b == c && !ours(a) => Probed::Unknown,
-            [Value::Nil, Value::BulkString(b), Value::BulkString(c), _] if b == c && !ours(b) => {
-                Probed::Unknown
-            }
-            _ => Probed::Broken,
-        }
+    /// Whether the replies are Redis 7's: `SET ... NX GET` works as it does there.
+    pub(super) fn passed(&self, replies: &[Value]) -> bool {
+        matches!(
+            replies,
+            [Value::Nil, Value::BulkString(old), Value::BulkString(now), _]
+                if old == b"1" && now == b"1"
+        )
     }
-}
-
-/// What the probe says about the server.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum Probed {
-    /// `SET ... NX GET` works as in Redis 7.
-    Works,
-    /// Someone else's mark was in the way: ask again with a later batch.
-    Unknown,
-    /// Anything else (a look-alike server, Redis 6, an ACL without the marks): scripts only.
-    Broken,
 }
 
 #[cfg(test)]
@@ -284,18 +252,13 @@ mod tests {
     #[test]
     fn the_probe_passes_only_on_nil_then_its_first_value_twice() {
         let probe = Probe::new("job", "t1");
-        let bulk = |value: &str| Value::BulkString(value.as_bytes().to_vec());
-        let (v1, v2) = (bulk("t1:1"), bulk("t1:2"));
-        let deleted = || Value::Int(1);
-        let judge = |replies: [Value; 3]| {
+        let one = || Value::BulkString(b"1".to_vec());
+        let two = || Value::BulkString(b"2".to_vec());
+        let passed = |replies: [Value; 3]| {
             let [a, b, c] = replies;
-            probe.judge(&[a, b, c, deleted()])
+            probe.passed(&[a, b, c, Value::Int(1)])
         };
-        assert_eq!(judge([Value::Nil, v1.clone(), v1.clone()]), Probed::Works);
-        // Another probe was there, or came between our commands: no answer yet.
-        let other = || bulk("t0:1");
-        assert_eq!(judge([other(), other(), other()]), Probed::Unknown);
-        assert_eq!(judge([Value::Nil, other(), other()]), Probed::Unknown);
+        assert!(passed([Value::Nil, one(), one()]));
         let error = |line: &str| match super::super::resp::parse(format!("-{line}\r\n").as_bytes())
         {
             Ok(Some((value, _))) => value,
@@ -303,14 +266,16 @@ mod tests {
         };
         for replies in [
             // Nil when NX blocked the write (a look-alike server).
-            [Value::Nil, Value::Nil, v1.clone()],
+            [Value::Nil, Value::Nil, one()],
             // The value it was given, echoed.
-            [v1.clone(), v2.clone(), v2.clone()],
-            [Value::Nil, v2.clone(), v2.clone()],
+            [one(), two(), one()],
+            [Value::Nil, two(), one()],
             // NX ignored: the old value, then overwritten.
-            [Value::Nil, v1.clone(), v2.clone()],
-            // GET ignored; Redis 6's syntax error; an ACL without the marks.
-            [Value::Okay, Value::Okay, v1.clone()],
+            [Value::Nil, one(), two()],
+            // Our own value three times: the first SET did not answer nil.
+            [one(), one(), one()],
+            // GET ignored; Redis 6's syntax error; an ACL whose patterns miss the key.
+            [Value::Okay, Value::Okay, one()],
             [
                 error("ERR syntax error"),
                 error("ERR syntax error"),
@@ -322,8 +287,19 @@ mod tests {
                 Value::Nil,
             ],
         ] {
-            assert_eq!(judge(replies.clone()), Probed::Broken, "{replies:?}");
+            assert!(!passed(replies.clone()), "{replies:?}");
         }
+        // Its key is its own: beside the lock key, named after the token, and reserved.
+        let keys: Vec<String> = probe
+            .commands()
+            .iter()
+            .map(|command| String::from_utf8_lossy(&command.get_packed_command()).into_owned())
+            .collect();
+        assert!(
+            keys.iter()
+                .all(|packed| packed.contains("job:t1:redfence:probe"))
+        );
+        assert!(keys[3].starts_with("*2\r\n$3\r\nDEL\r\n"), "{}", keys[3]);
     }
 
     /// How a fake server answers `SET key value NX GET`.
@@ -345,8 +321,24 @@ mod tests {
     /// answered 1), `SET ... NX GET` as `mode` says, `GET`, `DEL`, `+OK` for the rest. Returns its
     /// port and the log of what it ran ("SET key", "EVALSHA key key...") for lock keys.
     async fn fake_node(mode: NxGet) -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+        let (port, log, _) = fake_node_with_switch(mode).await;
+        (port, log)
+    }
+
+    /// [`fake_node`], with a switch that makes it refuse `EVALSHA` (`NOPERM`) while on.
+    async fn fake_node_with_switch(
+        mode: NxGet,
+    ) -> (
+        u16,
+        std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+        std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) {
         use std::collections::HashMap;
+        use std::sync::atomic::{AtomicBool, Ordering};
         use std::sync::{Arc, Mutex};
+
+        let refuse_scripts = Arc::new(AtomicBool::new(false));
+        let server_refuses = Arc::clone(&refuse_scripts);
 
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         use tokio::net::TcpListener;
@@ -376,6 +368,10 @@ mod tests {
                     let reply = {
                         let mut log = server_log.lock().expect("log");
                         match args[0].as_str() {
+                            "EVALSHA" if server_refuses.load(Ordering::SeqCst) => {
+                                "-NOPERM this user has no permissions to run the 'evalsha' command\r\n"
+                                    .to_owned()
+                            }
                             "EVALSHA" => {
                                 let numkeys: usize = args[2].parse().expect("numkeys");
                                 let ops = (args.len() - 3 - numkeys) / 4;
@@ -432,7 +428,7 @@ mod tests {
                 }
             }
         });
-        (port, log)
+        (port, log, refuse_scripts)
     }
 
     /// A transport with its own socket to `127.0.0.1:port`.
@@ -555,5 +551,50 @@ mod tests {
             );
         }
         assert_eq!(*log.lock().expect("log"), ["EVALSHA a", "SET b"]);
+    }
+
+    /// A script call that fails in a write that carried natives (`EVALSHA` revoked): the
+    /// natives' answers stand, the script's operations get its error, and the connection sends
+    /// no native again until a probe passes.
+    #[tokio::test]
+    async fn a_failed_script_call_sends_the_connection_back_to_the_probe() {
+        use std::sync::atomic::Ordering;
+
+        let (port, log, refuse_scripts) = fake_node_with_switch(NxGet::Redis7).await;
+        let mut transport = transport_to(port);
+        assert_eq!(
+            granted(run(&mut transport, &[(Op::Acquire, "a")]).await),
+            [1]
+        );
+        assert!(transport.takes_natives());
+        refuse_scripts.store(true, Ordering::SeqCst);
+        let replies = run(&mut transport, &[(Op::Acquire, "b"), (Op::Release, "c")]).await;
+        assert!(matches!(replies[0], Ok(1)), "{replies:?}");
+        assert!(
+            matches!(replies[1], Err(NodeFailure::Permission(_))),
+            "{replies:?}"
+        );
+        assert!(!transport.takes_natives(), "back to the probe");
+        // The next acquire goes as a script (with the probe), refused while scripts are.
+        let replies = run(&mut transport, &[(Op::Acquire, "d")]).await;
+        assert!(
+            matches!(replies[0], Err(NodeFailure::Permission(_))),
+            "{replies:?}"
+        );
+        assert!(!transport.takes_natives());
+        // Allowed again, the probe passes again.
+        refuse_scripts.store(false, Ordering::SeqCst);
+        assert_eq!(
+            granted(run(&mut transport, &[(Op::Acquire, "e")]).await),
+            [1]
+        );
+        assert_eq!(
+            granted(run(&mut transport, &[(Op::Acquire, "f")]).await),
+            [1]
+        );
+        assert_eq!(
+            *log.lock().expect("log"),
+            ["EVALSHA a", "SET b", "EVALSHA e", "SET f"]
+        );
     }
 }

@@ -143,7 +143,7 @@ impl Transport {
         };
         let probed = probe.map(|probe| {
             let replies = replies.split_off(replies.len() - probe.commands().len());
-            probe.judge(&replies)
+            probe.passed(&replies)
         });
         let script_reply = script.map(|_| replies.pop());
         let script_replies = match (script, script_reply.flatten()) {
@@ -170,11 +170,7 @@ impl Transport {
         };
         match (&script_replies, probed) {
             (Err(_), _) => conn.script_failed(),
-            (Ok(_), Some(probed)) => match probed {
-                native::Probed::Works => conn.probed(true),
-                native::Probed::Broken => conn.probed(false),
-                native::Probed::Unknown => {}
-            },
+            (Ok(_), Some(passed)) => conn.probed(passed),
             (Ok(_), None) => {}
         }
         debug_assert_eq!(replies.len(), count);
