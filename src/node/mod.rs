@@ -8,6 +8,8 @@ pub(crate) mod connect;
 mod connection;
 #[cfg(test)]
 pub(crate) mod fake;
+#[cfg(test)]
+mod fake_server;
 mod native;
 mod owned_connection;
 mod pipeline;
