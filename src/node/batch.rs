@@ -132,7 +132,7 @@ impl Batch {
                 .collect();
             let pipelined = tokio::select! {
                 biased;
-                pipelined = transport.pipelined(commands, script.as_ref(), probe.as_ref()) => {
+                pipelined = transport.pipelined(commands, script, probe.as_ref()) => {
                     pipelined
                 }
                 () = deadline.as_mut() => {

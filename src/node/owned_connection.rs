@@ -30,7 +30,7 @@ use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 
 use super::connection::{Refusals, is_auth_refusal};
-use super::socket::Socket;
+use super::socket::{Socket, only_reply};
 
 /// The most bytes of calls given up that may wait unwritten (the server stopped reading):
 /// past that, calls fail at once instead of queueing without bound.
@@ -99,10 +99,7 @@ impl OwnedConnection {
     /// `Err` when the node could not be reached or the socket broke; the socket is then
     /// dropped and the next call connects anew.
     pub(crate) async fn call(&mut self, command: &Cmd) -> RedisResult<Value> {
-        let mut replies = self.call_all(std::slice::from_ref(command)).await?;
-        replies
-            .pop()
-            .ok_or_else(|| RedisError::from((ErrorKind::Client, "no reply")))
+        only_reply(self.call_all(std::slice::from_ref(command)).await?)
     }
 
     /// Runs `commands` as one pipeline and returns their replies, in order; otherwise as

@@ -47,10 +47,7 @@ impl Socket {
     /// sense that matters here: dropped after its first poll, the call is still written, and
     /// its reply is dropped, by [`settle`](Self::settle) or the next call.
     pub(super) async fn call(&mut self, command: &Cmd) -> RedisResult<Value> {
-        let mut replies = self.call_all(std::slice::from_ref(command)).await?;
-        replies
-            .pop()
-            .ok_or_else(|| RedisError::from((ErrorKind::Client, "no reply")))
+        only_reply(self.call_all(std::slice::from_ref(command)).await?)
     }
 
     /// Sends `commands` in one write (a pipeline) and waits for their replies, in order;
@@ -157,6 +154,13 @@ impl Socket {
 /// KiB (one short value per operation of a batch); a peer that sends more is not the Redis
 /// server expected, and its connection is dropped instead of buffering without bound.
 const MAX_REPLY: usize = 1024 * 1024;
+
+/// The one reply of a one-command call.
+pub(super) fn only_reply(mut replies: Vec<Value>) -> RedisResult<Value> {
+    replies
+        .pop()
+        .ok_or_else(|| RedisError::from((ErrorKind::Client, "no reply")))
+}
 
 fn too_long(buffered: usize) -> RedisError {
     RedisError::from((

@@ -104,7 +104,7 @@ impl Transport {
     pub(super) async fn pipelined(
         &mut self,
         natives: Vec<Cmd>,
-        script: Option<&Cmd>,
+        script: Option<Cmd>,
         probe: Option<&native::Probe>,
     ) -> Result<Pipelined, PipelineError> {
         let Transport::Owned(conn) = self else {
@@ -116,8 +116,10 @@ impl Transport {
             )));
         };
         let count = natives.len();
+        let scripted = script.is_some();
         let mut commands = natives;
-        commands.extend(script.cloned());
+        // (Moved, not copied: the script call is the batch's largest command.)
+        commands.extend(script);
         if let Some(probe) = probe {
             commands.extend_from_slice(probe.commands());
         }
@@ -145,12 +147,13 @@ impl Transport {
             let replies = replies.split_off(replies.len() - probe.commands().len());
             probe.passed(&replies)
         });
-        let script_reply = script.map(|_| replies.pop());
-        let script_replies = match (script, script_reply.flatten()) {
-            (None, _) => Ok(Vec::new()),
-            (Some(script), Some(Value::ServerError(err)))
+        let script_reply = scripted.then(|| replies.pop());
+        let script_replies = match (scripted, script_reply.flatten()) {
+            (false, _) => Ok(Vec::new()),
+            (true, Some(Value::ServerError(err)))
                 if err.kind() == Some(ServerErrorKind::NoScript) =>
             {
+                let script = &commands[count];
                 let loaded = conn.call(&super::batch::load_batch_script()).await;
                 let again = match loaded {
                     Ok(Value::ServerError(err)) => Err(redis::RedisError::from(err)),
@@ -165,8 +168,8 @@ impl Transport {
                     }
                 }
             }
-            (Some(_), Some(reply)) => script_result(reply),
-            (Some(_), None) => Err(NodeFailure::Reply(out_of_step())),
+            (true, Some(reply)) => script_result(reply),
+            (true, None) => Err(NodeFailure::Reply(out_of_step())),
         };
         match (&script_replies, probed) {
             (Err(_), _) => conn.script_failed(),
