@@ -87,7 +87,8 @@ pub struct RunArgs {
     #[arg(long, value_parser = duration, value_name = "DURATION")]
     pub max_hold: Option<Duration>,
 
-    /// The grace between SIGTERM and SIGKILL when the lock is lost
+    /// The grace between SIGTERM and SIGKILL when the lock is lost (at most what is left of
+    /// the lease)
     #[arg(long, default_value = "10s", value_parser = duration, value_name = "DURATION")]
     pub kill_after: Duration,
 

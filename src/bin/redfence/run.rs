@@ -12,7 +12,7 @@ const FENCING_TIMEOUT: Duration = Duration::from_secs(1);
 use tokio::time::Instant;
 
 use crate::args::{Common, RunArgs};
-use crate::child::{self, LockEnv, Spec};
+use crate::child::{self, Job, LockEnv, Spec};
 use crate::exit::{self, Failure};
 use crate::setup;
 use crate::signals::{self, Signals};
@@ -62,8 +62,15 @@ pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
     } else {
         args.resources.clone()
     };
+    // REDFENCE_RESOURCES joins them with commas: a comma in one would make it ambiguous.
+    if let Some(resource) = resources.iter().find(|r| r.contains(',')) {
+        return Err(Failure::usage(format!(
+            "resource {resource:?} contains a comma (pass several resources as -r a -r b)"
+        )));
+    }
     let redlock = redlock(common, args)?;
     let mut signals = Signals::catch()?;
+    child::adopt_orphans();
     let wait = match (args.no_wait, args.wait) {
         (false, Some(wait)) => wait,
         _ => Duration::ZERO,
@@ -83,6 +90,7 @@ pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
             args,
             resources: &resources,
             signals: &mut signals,
+            waiting: &mut waiting,
         };
         let outcome = redlock
             .using(&resources, args.ttl, |signal| scope.supervise(signal))
@@ -92,6 +100,12 @@ pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
             Err(Stop::Failure(failure)) => return Err(failure),
             Err(Stop::Lock(error)) => error,
         };
+        // A signal that came during the attempt ends the wait, as one that comes after it.
+        if let Some(received) = signals.pending() {
+            waiting.finish();
+            tracing::info!(signal = ?received, "signal while waiting for the lock: the command did not run");
+            return Ok(signals::exit_code(received));
+        }
         attempts += 1;
         let delay = delays.next().unwrap_or(Duration::from_millis(200));
         let in_time = Instant::now() + delay <= deadline;
@@ -148,30 +162,40 @@ struct Scope<'a> {
     args: &'a RunArgs,
     resources: &'a [String],
     signals: &'a mut Signals,
+    waiting: &'a mut Waiting,
 }
 
 impl Scope<'_> {
     /// The routine run under the lock: the command, signal forwarding, loss, `--min-hold`.
     async fn supervise(self, signal: Signal) -> Result<u8, Stop> {
         let acquired = Instant::now();
+        self.waiting.finish();
         tracing::info!(fence = ?signal.fence(), resources = ?self.resources, "lock acquired");
         let env = LockEnv {
             fence: signal.fence(),
             resources: self.resources,
             ttl_ms: self.args.ttl.as_millis(),
         };
-        let mut child = child::spawn(self.spec, &env)?;
+        // A signal that came while the lock was being acquired: the command does not start.
+        if let Some(received) = self.signals.pending() {
+            tracing::info!(signal = ?received, "signal while acquiring the lock: the command did not run");
+            return Ok(signals::exit_code(received));
+        }
+        let mut job = Job::spawn(self.spec, &env)?;
         let status = loop {
             tokio::select! {
-                status = child.wait() => break status.map_err(|err| {
-                    Failure::new(exit::SOFTWARE, format!("waiting for the command: {err}"))
-                })?,
+                // A command that has exited is done, whatever else is ready.
+                biased;
+                status = job.wait() => break status?,
                 error = signal.aborted() => {
+                    // Nothing of the command may run past the lease: the grace is what is
+                    // left of it, when that is shorter than --kill-after.
+                    let grace = self.args.kill_after.min(signal.remaining());
                     tracing::error!(
                         "{error}: stopping the command (SIGTERM, SIGKILL after {})",
-                        humantime::format_duration(self.args.kill_after)
+                        humantime::format_duration(grace)
                     );
-                    let status = child::terminate(&mut child, self.args.kill_after).await?;
+                    let status = job.terminate(grace).await?;
                     return Err(Failure::new(
                         exit::LOST,
                         format!(
@@ -183,10 +207,14 @@ impl Scope<'_> {
                 }
                 received = self.signals.recv() => {
                     tracing::info!(signal = ?received, "forwarding to the command");
-                    child::send(&child, received);
+                    job.signal(received);
                 }
             }
         };
+        // What the command started and left running must not outlive the lock.
+        job.stop_the_rest(self.args.kill_after.min(signal.remaining()))
+            .await;
+        drop(job);
         let code = child::exit_code(status);
         if let Some(min_hold) = self.args.min_hold {
             hold_until(acquired + min_hold, &signal, self.signals).await;

@@ -1,6 +1,9 @@
 //! The `redfence` binary against real redis-server processes: `run` (exclusion, waiting,
-//! exit codes, signals, loss, `--min-hold`), `status`, `release --force`, usage errors.
+//! exit codes, signals, loss, `--min-hold`), `status`, `release --force`, usage errors; the
+//! command's own processes (`processes.rs`).
 
+mod processes;
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::io::{BufRead, BufReader};
@@ -506,6 +509,7 @@ fn bad_flags_and_urls_exit_64_with_one_line() {
             &ran,
         ],
         vec!["run", "-r", "", "--", "touch", &ran],
+        vec!["run", "-r", "a,b", "--", "touch", &ran],
         vec!["status"],
         vec!["status", "a", "a"],
         vec!["release", "job"],

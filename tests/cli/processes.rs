@@ -1,0 +1,83 @@
+//! What the command starts: `redfence run` signals and stops the command's whole process
+//! group, so that nothing it started (a shell script's own programs) runs on after the lock
+//! is released or lost, and nothing outlives the lease by `--kill-after`.
+
+use std::time::{Duration, Instant};
+
+use super::support::Servers;
+use super::{Files, LOST, holders, send_signal, spawn_run, wait_exit, wait_for};
+
+/// Whether process `pid` (read from `file`) still exists: a zombie still counts, which is
+/// why redfence reaps what it adopts.
+fn alive(file: &std::path::Path) -> bool {
+    let pid = std::fs::read_to_string(file).expect("pid file");
+    std::path::Path::new(&format!("/proc/{}", pid.trim())).exists()
+}
+
+#[test]
+fn what_the_command_left_running_is_stopped_before_the_release() {
+    let servers = Servers::start(3);
+    let files = Files::new();
+    // The command starts a background program and exits at once, leaving it running.
+    let script = format!("sleep 30 & echo $! > {pid}", pid = files.p("pid"));
+    let mut run = spawn_run(&servers, &["-r", "job"], &script);
+    assert_eq!(wait_exit(&mut run).code(), Some(0));
+    assert!(
+        !alive(&files.path("pid")),
+        "the background program outlived the lock"
+    );
+    assert_eq!(holders(&servers, "job"), 0, "the lock was released");
+}
+
+#[test]
+fn sigterm_to_redfence_reaches_the_commands_own_programs() {
+    let servers = Servers::start(3);
+    let files = Files::new();
+    let script = format!(
+        "sleep 30 & echo $! > {pid}; echo up > {up}; wait",
+        pid = files.p("pid"),
+        up = files.p("up")
+    );
+    let mut run = spawn_run(&servers, &["-r", "job"], &script);
+    wait_for("the command", || files.path("up").exists());
+    assert!(alive(&files.path("pid")));
+
+    send_signal(&run, "-TERM");
+    // The shell died of SIGTERM: 128 + 15.
+    assert_eq!(wait_exit(&mut run).code(), Some(143));
+    assert!(
+        !alive(&files.path("pid")),
+        "the shell's child kept running after SIGTERM and the release"
+    );
+    assert_eq!(holders(&servers, "job"), 0, "the lock was released");
+}
+
+#[test]
+fn a_command_that_ignores_sigterm_is_killed_before_the_lease_ends() {
+    let mut servers = Servers::start(3);
+    let files = Files::new();
+    let ttl = Duration::from_secs(4);
+    // TERM ignored by the shell and (inherited) by its sleeps; --kill-after far beyond the TTL.
+    let script = format!(
+        "trap '' TERM; echo $$ > {pid}; while true; do sleep 0.02; done",
+        pid = files.p("pid")
+    );
+    let mut run = spawn_run(
+        &servers,
+        &["-r", "job", "--ttl", "4s", "--kill-after", "60s"],
+        &script,
+    );
+    wait_for("the command", || files.path("pid").exists());
+
+    // The lock's validity ends at most one TTL after the last extension.
+    let killed = Instant::now();
+    servers.kill(0);
+    servers.kill(1);
+    assert_eq!(wait_exit(&mut run).code(), Some(LOST));
+    let stopped_after = killed.elapsed();
+    assert!(!alive(&files.path("pid")), "the command outlived redfence");
+    assert!(
+        stopped_after < ttl + Duration::from_secs(1),
+        "the command ran {stopped_after:?} after the majority died, past the {ttl:?} lease"
+    );
+}
