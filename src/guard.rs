@@ -1,7 +1,12 @@
 //! One drop guard for every "clean up unless finished" in the crate: a value with an action
-//! that runs on it when the guard is dropped while still armed.
+//! that runs on it when the guard is dropped while still armed; and [`Finishing`], a task that
+//! cleans up whose end `Redlock::close` waits for, even when its owner is dropped first.
 
+use std::future::Future;
 use std::ops::{Deref, DerefMut};
+
+use tokio::task::{JoinError, JoinHandle};
+use tokio_util::task::TaskTracker;
 
 /// Runs `on_drop` on its value when dropped, unless [`disarm`](DropGuard::disarm)ed first.
 /// Used where a future can be dropped half-way (a cancelled acquire, a `Lock` never released,
@@ -43,6 +48,50 @@ impl<T> Drop for DropGuard<T> {
     fn drop(&mut self) {
         if let Some(on_drop) = self.on_drop.take() {
             on_drop(&mut self.value);
+        }
+    }
+}
+
+/// A spawned task that ends by cleaning up (the extension task of a `using()` scope, a
+/// leader's renewal, which release their lock when told to stop), owned by a future that
+/// awaits it. If that future is dropped first (a `select!` on Ctrl-C), a tracked task awaits
+/// it instead, so that `Redlock::close` still waits for its release: otherwise `main` could
+/// return before the task ran at all, and the lock would wait out its TTL.
+pub(crate) struct Finishing {
+    handle: Option<JoinHandle<()>>,
+    tasks: TaskTracker,
+}
+
+impl Finishing {
+    /// Spawns `task`; `tasks` is the `Redlock`'s tracker.
+    pub(crate) fn spawn(
+        tasks: &TaskTracker,
+        task: impl Future<Output = ()> + Send + 'static,
+    ) -> Self {
+        Finishing {
+            handle: Some(tokio::spawn(task)),
+            tasks: tasks.clone(),
+        }
+    }
+
+    /// Waits for the task to end (an error only if it panicked or its runtime went away).
+    pub(crate) async fn join(mut self) -> Result<(), JoinError> {
+        match self.handle.take() {
+            Some(handle) => handle.await,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Finishing {
+    fn drop(&mut self) {
+        let Some(handle) = self.handle.take() else {
+            return;
+        };
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.tasks.spawn(async move {
+                let _ = handle.await;
+            });
         }
     }
 }

@@ -126,8 +126,9 @@ impl ElectionBuilder {
         self
     }
 
-    /// How often a candidate tries to become leader, and a leader renews its lease (and
-    /// retries a failed renewal). Also the polling interval of
+    /// How often a candidate tries to become leader (each wait stretched by a random 0–20 %,
+    /// so that candidates started together do not keep trying at the same instants), and a
+    /// leader renews its lease (and retries a failed renewal). Also the polling interval of
     /// [`Election::observe`]. Defaults to 2 s.
     pub fn retry_period(mut self, retry_period: Duration) -> Self {
         self.retry_period = retry_period;
@@ -167,7 +168,9 @@ impl ElectionBuilder {
     ///   (the terms are its tokens).
     /// - [`ConfigError::ElectionTiming`] unless `lease > renew_deadline > 1.2 ×
     ///   retry_period > 0` and `renew_deadline < lease − drift(lease)`.
-    /// - [`ConfigError::BadOption`] for an empty name or identity.
+    /// - [`ConfigError::BadOption`] for an empty name or identity, a name with `{` or `}`
+    ///   (it is the keys' hash tag), or a key prefix that puts the lock and the leader
+    ///   record in different Cluster slots.
     /// - [`Error::InvalidInput`] for a lease `acquire` would reject, or a resource name the
     ///   fencing counter cannot store.
     pub fn build(self) -> Result<Election, Error> {
@@ -177,6 +180,13 @@ impl ElectionBuilder {
         }
         if self.name.is_empty() {
             return Err(bad_option("election name", "must not be empty"));
+        }
+        if self.name.contains(['{', '}']) {
+            return Err(bad_option(
+                "election name",
+                "must not contain '{' or '}': the name is the hash tag that keeps the \
+                 election's lock and leader record in one Redis Cluster slot",
+            ));
         }
         let identity = match self.identity {
             Some(identity) if identity.is_empty() => {
@@ -195,6 +205,20 @@ impl ElectionBuilder {
         let target = self.shared.target(&[&resource], timing.lease)?;
         let lock_key: Arc<str> = Arc::from(target.keys.first().map_or("", String::as_str));
         let record_key: Arc<str> = Arc::from(format!("{lock_key}:leader"));
+        // A key prefix can still split them (an empty hash tag, `{}`, in the prefix).
+        let both = [lock_key.to_string(), record_key.to_string()];
+        if self
+            .shared
+            .nodes
+            .iter()
+            .any(|n| n.split_keys(&both).is_some())
+        {
+            return Err(bad_option(
+                "key prefix",
+                "puts the election's lock and leader record in different Redis Cluster slots \
+                 (an empty hash tag, {}, in the prefix?)",
+            ));
+        }
         Ok(Election {
             inner: Arc::new(Inner {
                 redlock: self.redlock,

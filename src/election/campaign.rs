@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 
@@ -13,6 +14,7 @@ use super::renewal::Renewal;
 use super::{Inner, Leader, Leadership, record};
 use crate::clock;
 use crate::error::{ConfigError, Error};
+use crate::guard::Finishing;
 use crate::lock::Lock;
 
 pub(super) async fn run<T, E, F, Fut>(inner: &Arc<Inner>, mut routine: F) -> Result<T, E>
@@ -26,7 +28,7 @@ where
         match lead(inner, lock, &mut routine).await {
             Err(_) if inner.rejoin => {
                 tracing::info!(election = %inner.name, "term ended with an error; campaigning again");
-                tokio::time::sleep(inner.timing.retry_period).await;
+                tokio::time::sleep(jittered(inner.timing.retry_period)).await;
             }
             result => return result,
         }
@@ -51,10 +53,20 @@ async fn campaign(inner: &Inner) -> Result<Lock, Error> {
                 tracing::debug!(election = %inner.name, %error, "not elected; trying again");
             }
         }
-        let next = started + inner.timing.retry_period;
+        let next = started + jittered(inner.timing.retry_period);
         tokio::time::sleep_until(tokio::time::Instant::from_std(next)).await;
     }
 }
+
+/// A retry period stretched by a random 0–20 % (client-go's jitter factor 1.2): candidates
+/// started together drift apart instead of trying at the same instants forever, where each
+/// node could see them in a different order and none win a majority (a split vote).
+fn jittered(period: Duration) -> Duration {
+    period.mul_f64(1.0 + rand::random::<f64>() * JITTER)
+}
+
+/// The largest share of a retry period added as jitter.
+const JITTER: f64 = 0.2;
 
 /// Leads one term with `lock`: writes the record, starts the renewal task, runs the routine,
 /// then stops the task (which steps down) and waits for it.
@@ -97,10 +109,12 @@ where
     // From here on the term counts as led: `on_stopped_leading` runs however it ends.
     let _term = Term::start(inner, leadership.clone());
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(renewal.run(lock, state, stopped));
+    // Dropped midway (the candidate shut down), the task still steps down, and
+    // `Redlock::close` waits for it.
+    let task = Finishing::spawn(&inner.shared.tasks, renewal.run(lock, state, stopped));
     let result = routine(leadership).await;
     drop(stop);
-    if let Err(error) = task.await {
+    if let Err(error) = task.join().await {
         tracing::error!(election = %inner.name, ?error, "election renewal task failed");
     }
     result
@@ -143,5 +157,23 @@ fn call(hook: Option<&Hook>, leader: &Leader, name: &str) {
         && std::panic::catch_unwind(AssertUnwindSafe(|| hook(leader))).is_err()
     {
         tracing::error!(hook = name, %leader, "election callback panicked");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stretches_a_period_by_at_most_a_fifth_and_varies() {
+        let period = Duration::from_secs(1);
+        let samples: Vec<Duration> = (0..200).map(|_| jittered(period)).collect();
+        assert!(
+            samples
+                .iter()
+                .all(|d| *d >= period && *d <= period.mul_f64(1.0 + JITTER)),
+            "{samples:?}"
+        );
+        assert!(samples.iter().any(|d| *d != samples[0]), "not random");
     }
 }

@@ -58,7 +58,9 @@ impl fmt::Display for Leader {
 /// # async fn run() -> Result<(), Error> {
 /// let redlock = Redlock::builder()
 ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
-///     .fencing(MemoryCounter::new()) // the terms: use a durable counter in production
+///     // The terms. Every candidate must share ONE counter: a MemoryCounter is per process,
+///     // so candidates in two processes would each get term 1. Use a PostgresCounter.
+///     .fencing(MemoryCounter::new())
 ///     .build()?;
 /// let election = redlock
 ///     .election("scheduler", None) // identity: host name + random UUID
@@ -179,7 +181,9 @@ impl Election {
     ///   candidate waits one `retry_period` and campaigns again.
     ///
     /// Dropping the future returned by `run` ends the candidacy: a term in progress is
-    /// released in the background and `on_stopped_leading` runs.
+    /// released in the background and `on_stopped_leading` runs. To shut down, drop it, then
+    /// call [`Redlock::close`](crate::Redlock::close), which waits for that step-down: the
+    /// next leader is elected within a `retry_period`, not after the lease.
     ///
     /// # Errors
     ///

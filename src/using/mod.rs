@@ -36,6 +36,7 @@ use std::sync::{Arc, OnceLock};
 
 use futures::FutureExt;
 use tokio::sync::{oneshot, watch};
+use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 pub(crate) use alarms::Alarms;
@@ -44,16 +45,19 @@ pub use signal::Signal;
 
 use crate::config::Config;
 use crate::error::Error;
+use crate::guard::Finishing;
 use crate::lock::Lock;
 use policy::Lease;
 use signal::State;
 
 /// Runs `routine` with a [`Signal`] while an extension task keeps `lock` alive; then stops
 /// the task, which releases the lock, and returns the routine's result (or resumes its panic).
+/// Dropped midway, the task still releases, and `Redlock::close` (through `tasks`) waits for it.
 pub(crate) async fn scope<T, E, F, Fut>(
     lock: Lock,
     policy: Policy,
     config: &Config,
+    tasks: &TaskTracker,
     routine: F,
 ) -> Result<T, E>
 where
@@ -74,7 +78,8 @@ where
     // Dropping `stop` (when the routine is done, or when this future is dropped) makes the
     // task stop extending and release the lock.
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(
+    let task = Finishing::spawn(
+        tasks,
         task::extension_task(lock, lease, Arc::clone(&state), policy, stopped)
             .instrument(tracing::Span::current()),
     );
@@ -85,7 +90,7 @@ where
         .await;
 
     drop(stop);
-    if let Err(error) = task.await {
+    if let Err(error) = task.join().await {
         // The task does not panic (hooks are guarded); this is a cancelled runtime. The
         // lock, dropped with the task, releases itself in the background if it can.
         tracing::error!(?error, ?resources, "lock extension task failed");

@@ -4,10 +4,12 @@
 //! deposed leader's late write rejected by PostgreSQL.
 //!
 //! Candidates whose network the tests break reach the nodes through `support::proxy`. The
-//! PostgreSQL scenario (feature `postgres`) is in `postgres.rs`.
+//! PostgreSQL scenario (feature `postgres`) is in `postgres.rs`; shutting down a leader in
+//! `shutdown.rs`.
 
 #[cfg(feature = "postgres")]
 mod postgres;
+mod shutdown;
 #[path = "../support/mod.rs"]
 mod support;
 
