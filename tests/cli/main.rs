@@ -1,7 +1,8 @@
 //! The `redfence` binary against real redis-server processes: `run` (exclusion, waiting,
 //! exit codes, signals, loss, `--min-hold`), `status`, `release --force`, usage errors; the
-//! command's own processes (`processes.rs`).
+//! command's own processes (`processes.rs`); a fencing counter that fails once (`fencing.rs`).
 
+mod fencing;
 mod processes;
 #[path = "../support/mod.rs"]
 mod support;

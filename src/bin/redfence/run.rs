@@ -114,7 +114,10 @@ pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
         // --wait alone.
         let unreachable = !matches!(error, Error::Contended { .. });
         let retry = in_time || (unreachable && attempts < MIN_ATTEMPTS);
-        if !error.is_retryable() || !retry {
+        // A counter that could not issue a token (the lock was released: fail closed) is
+        // retried like an unreachable node: one slow batch must not end a long --wait.
+        let retryable = error.is_retryable() || matches!(error, Error::Fencing(_));
+        if !retryable || !retry {
             waiting.finish();
             return Err(not_acquired(&error, args.busy_exit_code));
         }
