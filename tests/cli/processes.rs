@@ -81,3 +81,55 @@ fn a_command_that_ignores_sigterm_is_killed_before_the_lease_ends() {
         "the command ran {stopped_after:?} after the majority died, past the {ttl:?} lease"
     );
 }
+
+/// The state letter of process `pid` (`R`, `S`, `T` stopped, `Z` zombie), if it exists.
+fn state(pid: &str) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name, in parentheses (which may hold spaces).
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+#[test]
+fn a_stopped_command_still_gets_a_forwarded_signal() {
+    let servers = Servers::start(3);
+    let files = Files::new();
+    let script = format!(
+        "echo $$ > {pid}; kill -STOP $$; echo resumed",
+        pid = files.p("pid")
+    );
+    let mut run = spawn_run(&servers, &["-r", "job"], &script);
+    wait_for("the command to stop itself", || {
+        std::fs::read_to_string(files.path("pid")).is_ok_and(|pid| state(pid.trim()) == Some('T'))
+    });
+    send_signal(&run, "-TERM");
+    // SIGCONT follows the forwarded SIGTERM: the command dies of it instead of keeping the
+    // signal pending (and the lock) for good.
+    assert_eq!(wait_exit(&mut run).code(), Some(143));
+    assert_eq!(holders(&servers, "job"), 0, "the lock was released");
+}
+
+#[test]
+fn orphans_the_command_leaves_while_it_runs_are_reaped_at_once() {
+    let servers = Servers::start(3);
+    let files = Files::new();
+    // Twenty programs that the shell disowns at once (they become redfence's: it is their
+    // subreaper) and that exit right away; then the command waits for `go`.
+    let script = format!(
+        "for i in $(seq 20); do (sh -c 'echo $$ >> {pids}' &); done; {hold}",
+        pids = files.p("pids"),
+        hold = files.hold_until_go("up")
+    );
+    let mut run = spawn_run(&servers, &["-r", "job"], &script);
+    wait_for("twenty orphans", || {
+        super::lines(&files.path("pids")).len() == 20
+    });
+    // While the command still runs, none is left as a zombie.
+    wait_for("the orphans reaped", || {
+        super::lines(&files.path("pids"))
+            .iter()
+            .all(|pid| state(pid).is_none())
+    });
+    assert!(run.try_wait().expect("try_wait").is_none(), "still running");
+    files.go();
+    assert_eq!(wait_exit(&mut run).code(), Some(0));
+}

@@ -1,5 +1,5 @@
-//! The command run under the lock: spawn it in a process group of its own, forward signals
-//! to the group, stop all of it, read its exit code.
+//! The command run under the lock: spawn it (in a process group of its own, unless run from a
+//! terminal), forward signals, stop all of it, read its exit code.
 
 use std::ffi::OsString;
 use std::io::{ErrorKind, IsTerminal};
@@ -8,9 +8,9 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use nix::errno::Errno;
-use nix::sys::signal::{SigSet, SigmaskHow, Signal as Sig, killpg, pthread_sigmask};
+use nix::sys::signal::{Signal as Sig, kill, killpg};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
-use nix::unistd::{Pid, getpgrp, tcgetpgrp, tcsetpgrp};
+use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
@@ -37,25 +37,27 @@ pub struct LockEnv<'a> {
     pub ttl_ms: u128,
 }
 
-/// The command running under the lock, in a process group of its own: signals and the final
-/// stop reach everything it started (a shell script's own programs), not only its first
-/// process, so nothing it started outlives the lock.
+/// The command running under the lock.
 ///
-/// When redfence runs in the foreground of a terminal, the job's group gets the terminal for
-/// as long as it runs (a job that reads it is not stopped; Ctrl-C reaches the job once), and
-/// redfence takes the terminal back when it is done.
+/// Run from cron, systemd or a script (stdin is not a terminal), it gets a process group of
+/// its own, and everything in that group is the job: signals reach all of it, and what it
+/// leaves running is stopped before the lock is released. Run from a terminal, it stays in
+/// redfence's group, so that job control works as for any command (Ctrl-C and Ctrl-Z reach
+/// both, the job can read the terminal); only its first process is signalled and followed.
 #[derive(Debug)]
 pub struct Job {
     child: Child,
-    /// The job's process group: the id of its first process.
-    group: Pid,
-    /// Our own process group, when the terminal was handed to the job.
-    terminal: Option<Pid>,
+    /// The job's first process.
+    leader: Pid,
+    /// The job's own process group (the leader's id), when it has one.
+    group: Option<Pid>,
+    /// Whether nothing of the group is left (or it has none): nothing to kill on drop.
+    settled: bool,
 }
 
 impl Job {
-    /// Starts the command with stdin, stdout and stderr inherited, in a process group of its
-    /// own.
+    /// Starts the command with stdin, stdout and stderr inherited; in a process group of its
+    /// own unless stdin is a terminal.
     pub fn spawn(spec: &Spec, env: &LockEnv<'_>) -> Result<Job, Failure> {
         let Some((program, args)) = spec.argv.split_first() else {
             return Err(Failure::usage("no command to run"));
@@ -79,10 +81,13 @@ impl Job {
             .env("REDFENCE_RESOURCES", env.resources.join(","))
             .env("REDFENCE_TTL_MS", env.ttl_ms.to_string())
             .env_remove("REDFENCE_FENCE")
-            .process_group(0)
             .kill_on_drop(true);
         if let Some(fence) = env.fence {
             command.env("REDFENCE_FENCE", fence.to_string());
+        }
+        let own_group = !std::io::stdin().is_terminal();
+        if own_group {
+            command.process_group(0);
         }
         let child = command.spawn().map_err(|err| {
             let name = program.to_string_lossy();
@@ -96,16 +101,16 @@ impl Job {
                 ),
             }
         })?;
-        let group = child
+        let leader = child
             .id()
             .and_then(|id| i32::try_from(id).ok())
             .map(Pid::from_raw)
             .ok_or_else(|| Failure::new(exit::SOFTWARE, "the command has no process id"))?;
-        let terminal = hand_over_terminal(group);
         Ok(Job {
             child,
-            group,
-            terminal,
+            leader,
+            group: own_group.then_some(leader),
+            settled: !own_group,
         })
     }
 
@@ -117,9 +122,22 @@ impl Job {
             .map_err(|err| Failure::new(exit::SOFTWARE, format!("waiting for the command: {err}")))
     }
 
-    /// Sends `signal` to every process of the job.
+    /// Sends `signal` to the job (its group, or its first process), then SIGCONT: a stopped
+    /// job (SIGSTOP, or SIGTTIN for reading a terminal it does not own) would otherwise
+    /// keep the signal pending, and the lock, for good.
     pub fn signal(&self, signal: Sig) {
-        match killpg(self.group, signal) {
+        self.send(signal);
+        if !matches!(signal, Sig::SIGKILL | Sig::SIGCONT) {
+            self.send(Sig::SIGCONT);
+        }
+    }
+
+    fn send(&self, signal: Sig) {
+        let sent = match self.group {
+            Some(group) => killpg(group, signal),
+            None => kill(self.leader, signal),
+        };
+        match sent {
             Ok(()) | Err(Errno::ESRCH) => {}
             Err(err) => tracing::debug!(%err, ?signal, "could not signal the command"),
         }
@@ -137,7 +155,7 @@ impl Job {
                     ?grace,
                     "the command did not stop on SIGTERM; sending SIGKILL"
                 );
-                self.signal(Sig::SIGKILL);
+                self.send(Sig::SIGKILL);
                 self.child.wait().await
             }
         };
@@ -149,41 +167,67 @@ impl Job {
         Ok(status)
     }
 
-    /// After the job's first process exited: stops whatever it left running (its group), with
-    /// SIGTERM and, after `grace`, SIGKILL, and waits until none is left, so that nothing
-    /// outlives the lock. Gives up (with a warning) a second after SIGKILL: a process stuck
-    /// in the kernel cannot be waited for.
+    /// After the job's first process exited: stops whatever is left of its group, with
+    /// SIGTERM and, after `grace`, SIGKILL, and waits until none is left. Gives up (with a
+    /// warning) a second after SIGKILL: a process stuck in the kernel cannot be waited for.
     pub async fn stop_the_rest(&mut self, grace: Duration) {
-        if self.gone() {
+        let Some(group) = self.group else {
+            return;
+        };
+        if self.gone(group) {
             return;
         }
         tracing::info!("the command left processes running; stopping them");
         self.signal(Sig::SIGTERM);
-        if self.gone_by(Instant::now() + grace).await {
+        if self.gone_by(group, Instant::now() + grace).await {
             return;
         }
         tracing::warn!(
             ?grace,
             "processes the command left did not stop on SIGTERM; sending SIGKILL"
         );
-        self.signal(Sig::SIGKILL);
-        if !self.gone_by(Instant::now() + Duration::from_secs(1)).await {
-            tracing::warn!("processes the command left are still there after SIGKILL");
+        self.send(Sig::SIGKILL);
+        if !self
+            .gone_by(group, Instant::now() + Duration::from_secs(1))
+            .await
+        {
+            tracing::warn!("processes the command left are still there a second after SIGKILL");
         }
     }
 
-    /// Whether no process of the job's group is left, after reaping those that became ours
-    /// (redfence is their subreaper) and have exited.
-    fn gone(&self) -> bool {
-        reap_group(self.group);
-        matches!(killpg(self.group, None), Err(Errno::ESRCH))
+    /// Reaps the adopted orphans that exited, never the job's first process (tokio waits for
+    /// it): zombies would otherwise pile up under redfence while a long job runs.
+    pub fn reap_orphans(&self) {
+        #[cfg(target_os = "linux")]
+        loop {
+            let peek = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+            match nix::sys::wait::waitid(nix::sys::wait::Id::All, peek).map(|s| s.pid()) {
+                Ok(Some(pid)) if pid != self.leader => {
+                    let _ = waitpid(pid, Some(WaitPidFlag::WNOHANG));
+                }
+                _ => break,
+            }
+        }
     }
 
-    /// Waits until the group is gone or `deadline` passes; whether it is gone. Nothing
+    /// Whether no process of `group` is left, after reaping those that became ours and have
+    /// exited (called only once tokio has waited for the leader: it is in the group too).
+    fn gone(&mut self, group: Pid) -> bool {
+        let any_of_group = Pid::from_raw(-group.as_raw());
+        while let Ok(status) = waitpid(any_of_group, Some(WaitPidFlag::WNOHANG)) {
+            if status == WaitStatus::StillAlive {
+                break;
+            }
+        }
+        self.settled = matches!(killpg(group, None), Err(Errno::ESRCH));
+        self.settled
+    }
+
+    /// Waits until `group` is gone or `deadline` passes; whether it is gone. Nothing
     /// announces an empty process group: checked every 10 ms.
-    async fn gone_by(&self, deadline: Instant) -> bool {
+    async fn gone_by(&mut self, group: Pid, deadline: Instant) -> bool {
         loop {
-            if self.gone() {
+            if self.gone(group) {
                 return true;
             }
             if Instant::now() >= deadline {
@@ -195,9 +239,39 @@ impl Job {
 }
 
 impl Drop for Job {
+    /// On an error path (the job could not be waited for, a panic), whatever is left of the
+    /// group is killed: it must not outlive the release that follows.
     fn drop(&mut self) {
-        if let Some(ours) = self.terminal.take() {
-            take_back_terminal(ours);
+        if !self.settled
+            && let Some(group) = self.group
+        {
+            let _ = killpg(group, Sig::SIGKILL);
+        }
+    }
+}
+
+/// SIGCHLD, to reap the orphans redfence adopts while the job runs (Linux).
+#[derive(Debug)]
+pub struct Orphans(Option<tokio::signal::unix::Signal>);
+
+impl Orphans {
+    /// Starts listening (nothing to listen for without adoption).
+    pub fn listen() -> Self {
+        Orphans(if cfg!(target_os = "linux") {
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()).ok()
+        } else {
+            None
+        })
+    }
+
+    /// Resolves when a child of redfence may have exited; never without adoption. Reap it
+    /// with [`Job::reap_orphans`].
+    pub async fn exited(&mut self) {
+        match &mut self.0 {
+            Some(sigchld) => {
+                sigchld.recv().await;
+            }
+            None => std::future::pending().await,
         }
     }
 }
@@ -212,49 +286,6 @@ pub fn adopt_orphans() {
     if let Err(err) = nix::sys::prctl::set_child_subreaper(true) {
         tracing::debug!(%err, "cannot become the subreaper of the command's processes");
     }
-}
-
-/// Reaps the exited processes of `group` that redfence adopted. Called only after the
-/// group's first process was waited for by tokio (it is in the group too).
-fn reap_group(group: Pid) {
-    let any_of_group = Pid::from_raw(-group.as_raw());
-    while let Ok(status) = waitpid(any_of_group, Some(WaitPidFlag::WNOHANG)) {
-        if status == WaitStatus::StillAlive {
-            break;
-        }
-    }
-}
-
-/// Gives the terminal to the job's group when redfence is in the terminal's foreground:
-/// returns our own group, to take it back. A job that read the terminal before the handover
-/// was stopped (SIGTTIN): SIGCONT lets it go on, as a shell's job control does.
-fn hand_over_terminal(group: Pid) -> Option<Pid> {
-    let stdin = std::io::stdin();
-    if !stdin.is_terminal() {
-        return None;
-    }
-    let ours = getpgrp();
-    if tcgetpgrp(&stdin).ok()? != ours {
-        return None;
-    }
-    tcsetpgrp(&stdin, group).ok()?;
-    let _ = killpg(group, Sig::SIGCONT);
-    Some(ours)
-}
-
-/// Takes the terminal back for our group. Redfence is in the background by then, where
-/// setting the foreground group would stop it with SIGTTOU, unless that is blocked.
-fn take_back_terminal(ours: Pid) {
-    let mut ttou = SigSet::empty();
-    ttou.add(Sig::SIGTTOU);
-    let mut old = SigSet::empty();
-    if pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&ttou), Some(&mut old)).is_err() {
-        return;
-    }
-    if let Err(err) = tcsetpgrp(std::io::stdin(), ours) {
-        tracing::debug!(%err, "could not take the terminal back");
-    }
-    let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None);
 }
 
 /// The child's exit code, or 128+N when it died of signal N.

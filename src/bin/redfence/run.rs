@@ -12,7 +12,7 @@ const FENCING_TIMEOUT: Duration = Duration::from_secs(1);
 use tokio::time::Instant;
 
 use crate::args::{Common, RunArgs};
-use crate::child::{self, Job, LockEnv, Spec};
+use crate::child::{self, Job, LockEnv, Orphans, Spec};
 use crate::exit::{self, Failure};
 use crate::setup;
 use crate::signals::{self, Signals};
@@ -184,6 +184,7 @@ impl Scope<'_> {
             tracing::info!(signal = ?received, "signal while acquiring the lock: the command did not run");
             return Ok(signals::exit_code(received));
         }
+        let mut orphans = Orphans::listen();
         let mut job = Job::spawn(self.spec, &env)?;
         let status = loop {
             tokio::select! {
@@ -212,6 +213,7 @@ impl Scope<'_> {
                     tracing::info!(signal = ?received, "forwarding to the command");
                     job.signal(received);
                 }
+                () = orphans.exited() => job.reap_orphans(),
             }
         };
         // What the command started and left running must not outlive the lock.
