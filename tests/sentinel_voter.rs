@@ -1,7 +1,8 @@
 //! A Sentinel-managed master as one voter: locks work through the master the sentinels name,
 //! and after a failover during a hold the voter follows the new master, which still holds the
 //! lock when it was replicated before the failover (the documented behaviour; a grant not yet
-//! replicated is forgotten, like a restart without persistence).
+//! replicated is forgotten, like a restart without persistence); a master that hangs is left
+//! for the one the sentinels promote.
 #![cfg(feature = "sentinel")]
 
 mod support;
@@ -70,4 +71,39 @@ async fn a_failover_during_a_hold_moves_the_voter_to_the_new_master() {
     assert!(matches!(err, Error::Contended { .. }), "{err}");
     lock.release().await.expect("release");
     assert_eq!(servers.get(1, "job"), None);
+}
+
+/// A master that hangs (paused: its connection stays open and nothing answers) is replaced by
+/// the sentinels; the voter gives up its connection after a call it did not answer in time,
+/// asks the sentinels again, and locks on the new master. Before, it kept the hung
+/// connection until TCP gave up, many minutes later, and every call timed out.
+#[tokio::test]
+async fn a_hung_master_is_left_for_the_new_one_after_a_timeout() {
+    let mut group = SentinelGroup::start();
+    let redlock = redlock(&group);
+    redlock
+        .acquire(&["warm"], TTL)
+        .await
+        .expect("acquire")
+        .release()
+        .await
+        .expect("release");
+
+    group.pause_master();
+    let deadline = Instant::now() + support::DEADLINE;
+    let lock = loop {
+        match redlock.acquire(&["job"], TTL).await {
+            Ok(lock) => break lock,
+            Err(err) if Instant::now() < deadline && err.is_retryable() => {}
+            Err(err) => panic!("acquire after the failover: {err}"),
+        }
+    };
+    let servers = &group.servers;
+    assert_eq!(
+        servers.get(1, "job").as_deref(),
+        Some(lock.token()),
+        "granted by the new master"
+    );
+    lock.release().await.expect("release");
+    servers.resume(0);
 }

@@ -11,6 +11,7 @@ use redis::{RedisError, Script};
 
 use super::{GuardedWrite, KeyRow, Op, Request};
 use crate::error::NodeFailure;
+use crate::guard::DropGuard;
 
 static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
@@ -105,17 +106,25 @@ pub(crate) trait Connector: Send + Sync + 'static {
     /// Drops the connection after `err` if it is a failure this kind of node recovers from
     /// only by connecting afresh.
     fn forget_after(&self, err: &RedisError) -> impl Future<Output = ()> + Send;
+
+    /// A call was given up before its answer (its `node_timeout` passed): drops the
+    /// connection if this kind of node recovers from a hung server only by connecting afresh.
+    /// Must not block (it runs on drop).
+    fn forget_after_timeout(&self) {}
 }
 
-/// Runs `op` on `connector`'s connection and reports its failure to the connector.
+/// Runs `op` on `connector`'s connection and reports its failure to the connector, a call
+/// dropped before its answer included.
 async fn on<C: Connector, T>(
     connector: &C,
     op: impl AsyncFnOnce(&mut C::Conn) -> Result<T, RedisError>,
 ) -> Result<T, NodeFailure> {
+    let mut abandoned = DropGuard::new(connector, |c: &mut &C| c.forget_after_timeout());
     let result = match connector.connection().await {
         Ok(mut conn) => op(&mut conn).await,
         Err(err) => Err(err),
     };
+    abandoned.disarm();
     if let Err(err) = &result {
         connector.forget_after(err).await;
     }

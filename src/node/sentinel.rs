@@ -1,6 +1,7 @@
 //! A Sentinel-managed master as one voter: the current master is resolved through the
 //! sentinels, and resolved again after any failure of its connection (a failover demotes it:
-//! `READONLY`), each request being one script call.
+//! `READONLY`; it refuses writes: `NOREPLICAS`) or a call it did not answer in time, each
+//! request being one script call.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,10 +79,21 @@ impl script_call::Connector for Shared {
             || err.is_unrecoverable_error()
             || matches!(
                 err.code(),
-                Some("READONLY" | "MASTERDOWN" | "LOADING" | "NOAUTH" | "WRONGPASS")
+                Some("READONLY" | "MASTERDOWN" | "LOADING" | "NOAUTH" | "WRONGPASS" | "NOREPLICAS")
             )
         {
             *self.conn.lock().await = None;
+        }
+    }
+
+    /// A master that does not answer within `node_timeout` may be hung, or cut off and
+    /// replaced by a failover: the next call asks the sentinels again. (The connection has no
+    /// response timeout of its own, so without this a hung master would be kept until TCP
+    /// gives up, many minutes later.) When the connection is being made right now, that
+    /// attempt stands.
+    fn forget_after_timeout(&self) {
+        if let Ok(mut slot) = self.conn.try_lock() {
+            *slot = None;
         }
     }
 }

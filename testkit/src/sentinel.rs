@@ -113,6 +113,17 @@ impl SentinelGroup {
     /// (server 1).
     pub fn kill_master(&mut self) {
         self.servers.kill(0);
+        self.wait_for_promotion();
+    }
+
+    /// Pauses the master (SIGSTOP: its connections stay open, nothing answers) and waits
+    /// until the sentinels have promoted the replica (server 1). The old master stays paused.
+    pub fn pause_master(&mut self) {
+        self.servers.pause(0);
+        self.wait_for_promotion();
+    }
+
+    fn wait_for_promotion(&self) {
         let replica = self.servers.port(1);
         self.wait_until(|g| g.master_port() == Some(replica) && role(&g.servers, 1) == "master");
     }
