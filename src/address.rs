@@ -6,13 +6,37 @@ use std::net::ToSocketAddrs;
 
 use redis::{ConnectionAddr, ConnectionInfo};
 
-/// `url` with the password of its user information replaced by `<redacted>`:
-/// `redis://app:hunter2@host:6379` becomes `redis://app:<redacted>@host:6379`. A user name
-/// alone (`redis://app@host`) is kept; text that is not a URL is returned unchanged.
+/// `url` with its password replaced by `<redacted>`, in the user information
+/// (`redis://app:hunter2@host:6379` becomes `redis://app:<redacted>@host:6379`) and in a
+/// `pass=` or `password=` query parameter (`redis+unix:///run/redis.sock?pass=hunter2`). A user
+/// name alone (`redis://app@host`) is kept; text that is not a URL is returned unchanged.
 pub(crate) fn redact_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_owned();
     };
+    // The query starts after the user information (a malformed password may hold a `?`).
+    let host_start = url.rfind('@').unwrap_or(scheme_end);
+    let (url, query) = match url[host_start..].find('?') {
+        Some(at) => (&url[..host_start + at], Some(&url[host_start + at + 1..])),
+        None => (url, None),
+    };
+    let mut shown = redact_userinfo(url, scheme_end);
+    if let Some(query) = query {
+        let params: Vec<String> = query
+            .split('&')
+            .map(|param| match param.split_once('=') {
+                Some((name @ ("pass" | "password"), _)) => format!("{name}=<redacted>"),
+                _ => param.to_owned(),
+            })
+            .collect();
+        shown.push('?');
+        shown.push_str(&params.join("&"));
+    }
+    shown
+}
+
+/// `url` (no query) with the password of its user information redacted.
+fn redact_userinfo(url: &str, scheme_end: usize) -> String {
     let rest = &url[scheme_end + 3..];
     // The last `@` ends the user information, even when a (malformed) password has an `@`.
     let Some(at) = rest.rfind('@') else {
@@ -72,9 +96,21 @@ mod tests {
             ),
             // A malformed password with an `@` in it is still hidden whole.
             ("redis://app:hun@ter2@host", "redis://app:<redacted>@host"),
+            (
+                "redis://app:hun?ter2@host/0?db=1",
+                "redis://app:<redacted>@host/0?db=1",
+            ),
             ("redis://app@host:6379", "redis://app@host:6379"),
             ("redis://host:6379/2", "redis://host:6379/2"),
             ("not a url", "not a url"),
+            (
+                "redis+unix:///run/redis.sock?db=1&pass=hunter2&user=app",
+                "redis+unix:///run/redis.sock?db=1&pass=<redacted>&user=app",
+            ),
+            (
+                "redis+unix:///run/redis.sock?password=hunter2",
+                "redis+unix:///run/redis.sock?password=<redacted>",
+            ),
         ] {
             assert_eq!(redact_url(given), shown);
         }

@@ -172,6 +172,16 @@ impl NodeAddr {
         }
         #[cfg(feature = "sentinel")]
         if let NodeRepr::Sentinel(sentinels, master) = &self.repr {
+            if self.tls.is_some() {
+                return Err(ConfigError::BadTls {
+                    index,
+                    addr: sentinel_addr(sentinels, master),
+                    reason: "a Sentinel voter takes no TLS settings in this version: the \
+                             master is reached over plain TCP (use `rediss://` sentinel URLs \
+                             for the sentinels, trusted by the system's store)"
+                        .into(),
+                });
+            }
             return sentinel_node(index, sentinels, master, config);
         }
         let client = self.client(index)?;
@@ -241,6 +251,17 @@ fn cluster_node(
     config: &Config,
 ) -> Result<(Arc<dyn Node>, BTreeSet<String>), ConfigError> {
     let addr = cluster_addr(seeds);
+    // redis-rs connects to every node of the cluster with TLS settings of its own, not the
+    // seeds': a CA or client certificate given here would be silently left out.
+    if tls.is_some_and(Tls::has_certificates) {
+        return Err(ConfigError::BadTls {
+            index,
+            addr,
+            reason: "a Cluster voter cannot use a custom CA or a client certificate in this \
+                     version: only the system's trust store (or `insecure`)"
+                .into(),
+        });
+    }
     if seeds.is_empty() {
         return Err(ConfigError::BadNodeUrl {
             index,

@@ -197,3 +197,22 @@ fn tls_settings_on_a_plain_url_are_rejected_before_any_traffic() {
         .expect_err("a CA without a certificate");
     assert!(err.to_string().contains("no certificate"), "{err}");
 }
+
+/// TLS settings a voter would silently leave out are refused before any traffic: a CA or a
+/// client certificate on a Cluster voter (redis-rs connects to every cluster node with
+/// settings of its own), any TLS settings on a Sentinel voter (its master is reached over
+/// plain TCP).
+#[cfg(all(feature = "cluster", feature = "sentinel"))]
+#[test]
+fn tls_settings_a_voter_would_ignore_are_refused() {
+    let cluster =
+        NodeAddr::cluster(["rediss://127.0.0.1:1"]).tls(Tls::new().ca_pem(Pki::other_ca_pem()));
+    let sentinel = NodeAddr::sentinel(["redis://127.0.0.1:1"], "mymaster").tls(Tls::new());
+    for node in [cluster, sentinel] {
+        let err = Redlock::builder().node(node).build().expect_err("refused");
+        assert!(
+            matches!(err, redfence::ConfigError::BadTls { index: 0, .. }),
+            "{err:?}"
+        );
+    }
+}

@@ -59,6 +59,11 @@ impl Tls {
         Self::default()
     }
 
+    /// Whether these settings carry a CA or a client certificate of their own.
+    pub(crate) fn has_certificates(&self) -> bool {
+        self.ca_pem.is_some() || self.client_identity.is_some()
+    }
+
     /// Trusts only the certificate authority (or authorities) in this PEM text, instead of
     /// the system's trust store: for a private CA, as most self-hosted Redis TLS setups use.
     /// Defaults to the system's trust store.
