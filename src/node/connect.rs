@@ -60,6 +60,7 @@ impl Tls {
     }
 
     /// Whether these settings carry a CA or a client certificate of their own.
+    #[cfg(feature = "cluster")]
     pub(crate) fn has_certificates(&self) -> bool {
         self.ca_pem.is_some() || self.client_identity.is_some()
     }
