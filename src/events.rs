@@ -48,6 +48,17 @@ pub enum Event {
         /// Its `maxmemory-policy`.
         policy: String,
     },
+    /// [`Redlock::check`](crate::Redlock::check) found two nodes that are one server (the
+    /// same `run_id` at two addresses): its vote counts twice, so a lock can be granted
+    /// without a true majority. Fix the configuration.
+    SameServer {
+        /// The earlier node's position in the order the builder was given.
+        first: usize,
+        /// The later node's position.
+        second: usize,
+        /// The later node's address, without credentials.
+        addr: String,
+    },
     /// A release in the background (drop, or the end of `using()`) failed. The keys expire on
     /// their own at the end of their TTL.
     ReleaseFailed {
@@ -117,13 +128,20 @@ impl EventHook {
             } => {
                 tracing::warn!(node = index, %addr, %policy, "this node may evict lock keys before their TTL: set maxmemory-policy noeviction")
             }
+            Event::SameServer {
+                first,
+                second,
+                addr,
+            } => {
+                tracing::error!(first, second, %addr, "two nodes are one server (the same run_id): its vote counts twice, and a lock can be granted without a true majority")
+            }
         }
         match &event {
             Event::Extended { .. } => crate::metrics::extension(true),
             Event::ExtensionFailed { .. } => crate::metrics::extension(false),
             Event::Aborted { error, .. } => crate::metrics::lock_lost(error),
             Event::ReleaseFailed { .. } => crate::metrics::release_failed(),
-            Event::EvictionPolicy { .. } => {}
+            Event::EvictionPolicy { .. } | Event::SameServer { .. } => {}
         }
         if let Some(hook) = &self.0 {
             // A panicking hook must not take the extension task (and the lock) down with it.

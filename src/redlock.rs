@@ -367,12 +367,16 @@ impl Redlock {
         Ok(report)
     }
 
-    /// Reads every node's `maxmemory-policy` and reports it. Each node whose policy may evict
-    /// lock keys before their TTL (anything but `noeviction`) is also reported as
-    /// [`Event::EvictionPolicy`](crate::Event::EvictionPolicy) and logged as a warning: an
-    /// evicted lock key lets a second owner in. Call it once at start-up; it sends one
-    /// `CONFIG GET` per node, each bounded by the node timeout, and never fails as a whole
-    /// (a node that cannot be read says why in its [`NodeCheck`]).
+    /// Reads every node's `maxmemory-policy` and `run_id` and reports them. Each node whose
+    /// policy may evict lock keys before their TTL (anything but `noeviction`) is also
+    /// reported as [`Event::EvictionPolicy`](crate::Event::EvictionPolicy) and logged as a
+    /// warning: an evicted lock key lets a second owner in. A node that is the same server as
+    /// an earlier one (the same `run_id` at another address, which `build()` cannot see: a
+    /// Sentinel group and its master's own URL, two proxies) is reported in
+    /// [`NodeCheck::same_server_as`] and as [`Event::SameServer`](crate::Event::SameServer),
+    /// logged as an error: its vote counts twice. Call it once at start-up; it sends one
+    /// `CONFIG GET` and one `INFO server` per node, each bounded by the node timeout, and
+    /// never fails as a whole (a node that cannot be read says why in its [`NodeCheck`]).
     ///
     /// ```no_run
     /// # async fn run(redlock: redfence::Redlock) {

@@ -142,3 +142,40 @@ async fn check_warns_about_a_node_that_may_evict_lock_keys() {
         "{events:?}"
     );
 }
+
+/// Two nodes that are one server at two addresses (here the server and a proxy in front of
+/// it) pass `build()`, which can only compare addresses; `check()` compares the servers'
+/// `run_id` and reports the second as the same server as the first, with an event.
+#[tokio::test]
+async fn check_reports_two_nodes_that_are_one_server() {
+    let servers = Servers::start(2);
+    let proxy = support::proxy::Proxy::start(servers.port(0)).await;
+    let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = std::sync::Arc::clone(&events);
+    let redlock = redfence::Redlock::builder()
+        .nodes([servers.url(0), servers.url(1), proxy.url()])
+        .node_timeout(Duration::from_millis(500))
+        .on_event(move |e| {
+            if let Ok(mut v) = sink.lock() {
+                v.push(e.clone());
+            }
+        })
+        .build()
+        .expect("three addresses pass build()");
+    let checks = redlock.check().await;
+    let same: Vec<Option<usize>> = checks.iter().map(|c| c.same_server_as).collect();
+    assert_eq!(same, [None, None, Some(0)]);
+    assert!(checks.iter().all(|c| c.run_id.is_some()), "{checks:?}");
+    let events = events.lock().expect("events").clone();
+    assert!(
+        matches!(
+            events.as_slice(),
+            [redfence::Event::SameServer {
+                first: 0,
+                second: 2,
+                ..
+            }]
+        ),
+        "{events:?}"
+    );
+}

@@ -14,6 +14,13 @@ pub struct NodeCheck {
     /// Its `maxmemory-policy`, or why it could not be read (e.g. `CONFIG` is not allowed for
     /// this user, or renamed by the provider).
     pub maxmemory_policy: Result<String, NodeFailure>,
+    /// The server's `run_id` (`INFO server`): `None` when it could not be read (e.g. `INFO`
+    /// is not allowed for this user) or the voter is a cluster.
+    pub run_id: Option<String>,
+    /// The index of an earlier node that is the **same server** (the same `run_id`), reached
+    /// at another address: a Sentinel group and its master's own URL, two proxies in front of
+    /// one server. Its vote counts twice, so a lock can be granted without a true majority.
+    pub same_server_as: Option<usize>,
 }
 
 impl NodeCheck {

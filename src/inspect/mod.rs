@@ -62,20 +62,30 @@ pub(crate) async fn read(
 pub(crate) async fn check(shared: &Shared) -> Vec<NodeCheck> {
     let timeout = shared.config.node_timeout;
     let calls = shared.nodes.iter().enumerate().map(|(index, node)| {
-        let call = node.eviction_policy();
+        let (policy, run_id) = (node.eviction_policy(), node.run_id());
         async move {
-            let maxmemory_policy = match tokio::time::timeout(timeout, call).await {
-                Ok(policy) => policy,
-                Err(_) => Err(NodeFailure::Timeout(timeout)),
-            };
+            let (policy, run_id) = futures::future::join(
+                tokio::time::timeout(timeout, policy),
+                tokio::time::timeout(timeout, run_id),
+            )
+            .await;
             NodeCheck {
                 index,
                 addr: node.addr().to_owned(),
-                maxmemory_policy,
+                maxmemory_policy: policy.unwrap_or(Err(NodeFailure::Timeout(timeout))),
+                run_id: run_id.ok().and_then(Result::ok).flatten(),
+                same_server_as: None,
             }
         }
     });
-    let checks = futures::future::join_all(calls).await;
+    let mut checks = futures::future::join_all(calls).await;
+    for i in 0..checks.len() {
+        let same = checks[..i]
+            .iter()
+            .find(|earlier| earlier.run_id.is_some() && earlier.run_id == checks[i].run_id)
+            .map(|earlier| earlier.index);
+        checks[i].same_server_as = same;
+    }
     for check in &checks {
         if check.may_evict_locks()
             && let Ok(policy) = &check.maxmemory_policy
@@ -84,6 +94,13 @@ pub(crate) async fn check(shared: &Shared) -> Vec<NodeCheck> {
                 index: check.index,
                 addr: check.addr.clone(),
                 policy: policy.clone(),
+            });
+        }
+        if let Some(first) = check.same_server_as {
+            shared.config.events.emit(Event::SameServer {
+                first,
+                second: check.index,
+                addr: check.addr.clone(),
             });
         }
     }

@@ -125,6 +125,13 @@ pub(crate) trait Node: Send + Sync {
     /// timeout.
     fn eviction_policy(&self) -> BoxFuture<'static, Result<String, NodeFailure>>;
 
+    /// The server's `run_id` (`INFO server`), which tells one server from another whatever
+    /// address it is reached at; `None` for a voter that is many servers (a cluster) or a
+    /// fake. The caller bounds it with the node timeout.
+    fn run_id(&self) -> BoxFuture<'static, Result<Option<String>, NodeFailure>> {
+        Box::pin(async { Ok(None) })
+    }
+
     /// A client for a dedicated pub/sub connection to this node, on which waiters hear of
     /// releases (`redfence:released:<key>`). `None` (the default) for voters that cannot
     /// subscribe: waiters for them poll.

@@ -178,6 +178,14 @@ impl Node for RedisNode {
         })
     }
 
+    fn run_id(&self) -> BoxFuture<'static, Result<Option<String>, NodeFailure>> {
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move {
+            let mut conn = shared.connection().await?;
+            Ok(script_call::run_id(&mut conn).await?)
+        })
+    }
+
     fn queues(&self) -> bool {
         true
     }

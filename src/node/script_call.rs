@@ -76,6 +76,26 @@ pub(crate) async fn eviction_policy<C: ConnectionLike + Send>(
     })
 }
 
+/// The server's `run_id` (`INFO server`), as [`Node::run_id`](super::Node::run_id).
+pub(crate) async fn run_id<C: ConnectionLike + Send>(
+    conn: &mut C,
+) -> Result<Option<String>, redis::RedisError> {
+    let info: String = redis::cmd("INFO").arg("server").query_async(conn).await?;
+    Ok(info
+        .lines()
+        .find_map(|line| line.strip_prefix("run_id:"))
+        .map(|id| id.trim().to_owned()))
+}
+
+/// [`Node::run_id`](super::Node::run_id) over a [`Connector`].
+#[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
+pub(crate) fn run_id_on<C: Connector>(
+    connector: &Arc<C>,
+) -> BoxFuture<'static, Result<Option<String>, NodeFailure>> {
+    let connector = Arc::clone(connector);
+    Box::pin(async move { on(&*connector, async |conn| run_id(conn).await).await })
+}
+
 /// Writes `write.key` if `write.lock_key` still holds our token, as
 /// [`Node::write_if_held`](super::Node::write_if_held).
 pub(crate) async fn write_if_held<C: ConnectionLike + Send>(

@@ -119,6 +119,10 @@ impl Node for SentinelNode {
         script_call::eviction_policy_on(&self.shared)
     }
 
+    fn run_id(&self) -> BoxFuture<'static, Result<Option<String>, NodeFailure>> {
+        script_call::run_id_on(&self.shared)
+    }
+
     fn addr(&self) -> &str {
         &self.addr
     }
