@@ -96,12 +96,17 @@ where
         inner.resource.clone(),
         renewal.deadline(&lock),
     ));
-    let written = record::write_everywhere(
-        &inner.shared,
-        renewal.record(lock.token(), Some(record::encode(&leader, lock.token()))),
+    // Advisory, and cut off at the first renewal: a slow node must not delay the term.
+    let written = tokio::time::timeout(
+        inner.timing.retry_period,
+        record::write_everywhere(
+            &inner.shared,
+            renewal.record(lock.token(), Some(record::encode(&leader, lock.token()))),
+        ),
     )
-    .await;
-    tracing::info!(election = %inner.name, %leader, records = written, "elected");
+    .await
+    .ok();
+    tracing::info!(election = %inner.name, %leader, records = ?written, "elected");
 
     let leadership = Leadership {
         state: Arc::clone(&state),

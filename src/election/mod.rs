@@ -243,8 +243,9 @@ impl Election {
 
     /// A stream of leader changes: [`leader`](Election::leader) polled every
     /// `retry_period`, yielding the first answer and then each change (`None` when nobody
-    /// leads). Reads that fail (no majority answered) are skipped. Never ends; drop it to
-    /// stop polling.
+    /// leads). Reads that fail (no majority answered) are skipped, but once none has
+    /// succeeded for a whole `lease` after a leader was named, `None` is yielded: that leader
+    /// may be gone, and is no longer named. Never ends; drop it to stop polling.
     pub fn observe(&self) -> impl Stream<Item = Option<Leader>> + Send + 'static {
         observe::changes(self.clone())
     }

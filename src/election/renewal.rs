@@ -91,7 +91,18 @@ impl Renewal {
                 Ok(Ok(())) => {
                     state.renewed(self.deadline(&lock));
                     let write = self.record(lock.token(), Some(value.clone()));
-                    record::write_everywhere(&self.shared, write).await;
+                    // The record is advisory: a slow node must not hold up a resignation, a
+                    // stop or the next renewal (with a node timeout near the retry period it
+                    // could push that renewal past the deadline).
+                    tokio::select! {
+                        biased;
+                        _ = &mut stop => break,
+                        () = resigned(&mut resign) => break,
+                        _ = tokio::time::timeout_at(
+                            TokioInstant::from_std(next),
+                            record::write_everywhere(&self.shared, write),
+                        ) => {}
+                    }
                 }
                 Ok(Err(error)) if error.is_lock_lost() => {
                     state.abort(error);

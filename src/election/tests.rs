@@ -238,3 +238,33 @@ async fn resign_releases_at_once_and_rejoin_campaigns_again() {
     assert_eq!(result, 2, "terms increase");
     assert_eq!(terms.load(Ordering::SeqCst), 2);
 }
+
+/// A node that never answers the record's write, with a node timeout near the renew
+/// deadline: the write is advisory and cut off at the next renewal, so renewals stay on time
+/// and leadership holds. (Waiting out the node timeout pushed the next renewal past the
+/// deadline.)
+#[tokio::test(start_paused = true)]
+async fn a_hung_record_write_does_not_delay_the_next_renewal() {
+    let (fakes, redlock) = over(
+        3,
+        RedlockBuilder::new()
+            .fencing(MemoryCounter::new())
+            .node_timeout(11 * S),
+    );
+    fakes[0].hang_writes();
+    let election = redlock
+        .election("e", Some("me"))
+        .lease(15 * S)
+        .renew_deadline(10 * S)
+        .retry_period(2 * S)
+        .build()
+        .expect("config");
+    let held = election
+        .run(|leadership| async move {
+            tokio::time::sleep(30 * S).await;
+            Ok::<_, Error>(!leadership.is_lost())
+        })
+        .await
+        .expect("one term");
+    assert!(held, "leadership was lost to a hung record write");
+}

@@ -51,6 +51,8 @@ struct Inner {
     keys: Mutex<HashMap<String, (String, Instant)>>,
     /// What `CONFIG GET maxmemory-policy` answers.
     eviction: Mutex<String>,
+    /// Guarded writes (the election's record) never answer.
+    writes_hang: std::sync::atomic::AtomicBool,
 }
 
 impl FakeNode {
@@ -101,6 +103,13 @@ impl FakeNode {
     }
 
     /// Makes the node report `policy` as its `maxmemory-policy`.
+    /// Makes guarded writes (the election's record) never answer.
+    pub(crate) fn hang_writes(&self) {
+        self.inner
+            .writes_hang
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
     pub(crate) fn set_eviction_policy(&self, policy: &str) {
         if let Ok(mut p) = self.inner.eviction.lock() {
             *p = policy.to_owned();
@@ -246,6 +255,9 @@ impl Node for FakeNode {
         let inner = Arc::clone(&self.inner);
         let write = write.clone();
         Box::pin(async move {
+            if inner.writes_hang.load(std::sync::atomic::Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
             let Ok(mut keys) = inner.keys.lock() else {
                 return Ok(false);
             };

@@ -323,6 +323,20 @@ async fn a_majority_down_ends_leadership_before_the_lease_and_nobody_leads_until
         elections.push(election);
     }
     let first = next(&mut terms, DEADLINE, "a first leader").await;
+    // An observer, which names the first leader and must stop naming it.
+    let (changes_tx, mut changes) = mpsc::unbounded_channel();
+    let watcher = elections[0].observe();
+    let watching = tokio::spawn(async move {
+        use futures::StreamExt;
+        let mut watcher = std::pin::pin!(watcher);
+        while let Some(change) = watcher.next().await {
+            if changes_tx.send(change).is_err() {
+                return;
+            }
+        }
+    });
+    let seen = next(&mut changes, DEADLINE, "the first observation").await;
+    assert_eq!(seen.map(|l| l.term), Some(first.term));
     tokio::time::sleep(3 * RETRY_PERIOD).await;
     let paused = Instant::now();
     servers.pause(1);
@@ -344,6 +358,13 @@ async fn a_majority_down_ends_leadership_before_the_lease_and_nobody_leads_until
         elections[0].leader().await.is_err(),
         "no majority to read from"
     );
+    // The observer stopped naming the old leader: no read succeeded for a lease.
+    let unnamed = tokio::time::timeout(Duration::ZERO, changes.recv()).await;
+    assert!(
+        matches!(unnamed, Ok(Some(None))),
+        "the observer still names the old leader: {unnamed:?}"
+    );
+    watching.abort();
 
     servers.resume(1);
     servers.resume(2);
