@@ -107,3 +107,44 @@ async fn a_hung_master_is_left_for_the_new_one_after_a_timeout() {
     lock.release().await.expect("release");
     servers.resume(0);
 }
+
+/// Sentinels far away (every round trip to them takes longer than `node_timeout`):
+/// discovering the master takes several round trips, so no single call can finish it. It
+/// runs in a task of its own that a given-up call does not abandon, and a later call finds
+/// the connection made. Before, every call restarted discovery and was cut off, for good.
+#[tokio::test]
+async fn discovery_longer_than_a_node_timeout_still_connects() {
+    let group = SentinelGroup::start();
+    let mut proxies = Vec::new();
+    for url in group.urls() {
+        let port: u16 = url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("port");
+        let proxy = support::proxy::Proxy::start(port).await;
+        proxy.set(support::proxy::Mode::Delay(Duration::from_millis(40)));
+        proxies.push(proxy);
+    }
+    let far = Redlock::builder()
+        .node(NodeAddr::sentinel(
+            proxies.iter().map(|p| p.url()).collect::<Vec<_>>(),
+            MASTER,
+        ))
+        .node_timeout(Duration::from_millis(100))
+        .retry_count(0)
+        .build()
+        .expect("config");
+    let deadline = Instant::now() + support::DEADLINE;
+    let lock = loop {
+        match far.acquire(&["job"], TTL).await {
+            Ok(lock) => break lock,
+            Err(err) if Instant::now() < deadline && err.is_retryable() => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(err) => panic!("never connected through far-away sentinels: {err}"),
+        }
+    };
+    assert_eq!(group.servers.get(0, "job").as_deref(), Some(lock.token()));
+    lock.release().await.expect("release");
+}

@@ -22,9 +22,48 @@ pub(crate) struct SentinelNode {
 }
 
 struct Shared {
+    link: Arc<Link>,
+}
+
+/// The sentinels and the master connection they lead to, shared with the background task
+/// that makes it.
+struct Link {
     client: Mutex<SentinelClient>,
     conn: Mutex<Option<MultiplexedConnection>>,
     connect_timeout: Duration,
+}
+
+impl Link {
+    /// The master connection: the cached one, or a new one through the sentinels (several
+    /// round trips: ask them, check the master's `ROLE`, connect), bounded by the connect
+    /// timeout.
+    async fn connect(&self) -> Result<MultiplexedConnection, RedisError> {
+        let mut slot = self.conn.lock().await;
+        if let Some(conn) = slot.as_ref() {
+            return Ok(conn.clone());
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            // Every call is bounded by node_timeout; a response timeout would only race it.
+            .set_response_timeout(None);
+        let discovery = async {
+            self.client
+                .lock()
+                .await
+                .get_async_connection_with_config(&config)
+                .await
+        };
+        let conn = tokio::time::timeout(self.connect_timeout, discovery)
+            .await
+            .map_err(|_| {
+                RedisError::from((
+                    redis::ErrorKind::Io,
+                    "no master connection through the sentinels within the connect timeout",
+                ))
+            })??;
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
 }
 
 impl SentinelNode {
@@ -40,9 +79,11 @@ impl SentinelNode {
         Ok(SentinelNode {
             addr,
             shared: Arc::new(Shared {
-                client: Mutex::new(client),
-                conn: Mutex::new(None),
-                connect_timeout,
+                link: Arc::new(Link {
+                    client: Mutex::new(client),
+                    conn: Mutex::new(None),
+                    connect_timeout,
+                }),
             }),
         })
     }
@@ -51,23 +92,21 @@ impl SentinelNode {
 impl script_call::Connector for Shared {
     type Conn = MultiplexedConnection;
 
+    /// The cached connection, or one made in a task of its own: discovery takes several round
+    /// trips, and a call given up at `node_timeout` must not abandon it (with a far-away
+    /// group it would never complete), so the next call finds the connection made.
     async fn connection(&self) -> Result<MultiplexedConnection, RedisError> {
-        let mut slot = self.conn.lock().await;
-        if let Some(conn) = slot.as_ref() {
+        if let Ok(slot) = self.link.conn.try_lock()
+            && let Some(conn) = slot.as_ref()
+        {
             return Ok(conn.clone());
         }
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            // Every call is bounded by node_timeout; a response timeout would only race it.
-            .set_response_timeout(None);
-        let conn = self
-            .client
-            .lock()
+        let link = Arc::clone(&self.link);
+        tokio::spawn(async move { link.connect().await })
             .await
-            .get_async_connection_with_config(&config)
-            .await?;
-        *slot = Some(conn.clone());
-        Ok(conn)
+            .map_err(|err| {
+                RedisError::from((redis::ErrorKind::Io, "connect task", err.to_string()))
+            })?
     }
 
     /// Forgets the master after a failure that may mean it is no longer the master (its
@@ -82,7 +121,7 @@ impl script_call::Connector for Shared {
                 Some("READONLY" | "MASTERDOWN" | "LOADING" | "NOAUTH" | "WRONGPASS" | "NOREPLICAS")
             )
         {
-            *self.conn.lock().await = None;
+            *self.link.conn.lock().await = None;
         }
     }
 
@@ -92,7 +131,7 @@ impl script_call::Connector for Shared {
     /// gives up, many minutes later.) When the connection is being made right now, that
     /// attempt stands.
     fn forget_after_timeout(&self) {
-        if let Ok(mut slot) = self.conn.try_lock() {
+        if let Ok(mut slot) = self.link.conn.try_lock() {
             *slot = None;
         }
     }
