@@ -136,3 +136,41 @@ async fn a_lock_across_hash_slots_is_refused_before_any_traffic() {
     );
     assert!(err.to_string().contains("hash tag"), "{err}");
 }
+
+/// Seeds far away (every round trip to them takes longer than `node_timeout`): the cluster
+/// connection (seeds, slot map, every master) cannot be made within one call. It is made in
+/// a task of its own that a given-up call does not abandon, and a later call finds it.
+/// Before, every call restarted it and was cut off, for good.
+#[tokio::test]
+async fn discovery_longer_than_a_node_timeout_still_connects() {
+    let cluster = RedisCluster::start();
+    let mut proxies = Vec::new();
+    for seed in cluster.seeds() {
+        let port: u16 = seed
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.trim_end_matches('/').parse().ok())
+            .expect("port");
+        let proxy = support::proxy::Proxy::start(port).await;
+        proxy.set(support::proxy::Mode::Delay(Duration::from_millis(40)));
+        proxies.push(proxy);
+    }
+    let far = Redlock::builder()
+        .node(NodeAddr::cluster(proxies.iter().map(|p| p.url())))
+        .node_timeout(Duration::from_millis(100))
+        .retry_count(0)
+        .build()
+        .expect("config");
+    let deadline = std::time::Instant::now() + support::DEADLINE;
+    let lock = loop {
+        match far.acquire(&["job"], TTL).await {
+            Ok(lock) => break lock,
+            Err(err) if std::time::Instant::now() < deadline && err.is_retryable() => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(err) => panic!("never connected through far-away seeds: {err}"),
+        }
+    };
+    assert_eq!(cluster.get("job").as_deref(), Some(lock.token()));
+    lock.release().await.expect("release");
+}

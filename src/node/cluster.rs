@@ -9,7 +9,6 @@ use redis::RedisError;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
-use tokio::sync::Mutex;
 
 use super::{GuardedWrite, KeyRow, Node, Request, script_call};
 use crate::error::NodeFailure;
@@ -24,7 +23,7 @@ pub(crate) struct ClusterNode {
 
 struct Shared {
     client: ClusterClient,
-    conn: Mutex<Option<ClusterConnection>>,
+    conn: script_call::Cached<ClusterConnection>,
 }
 
 impl ClusterNode {
@@ -44,7 +43,7 @@ impl ClusterNode {
             addr,
             shared: Arc::new(Shared {
                 client,
-                conn: Mutex::new(None),
+                conn: script_call::Cached::new(connect_timeout),
             }),
         })
     }
@@ -53,14 +52,13 @@ impl ClusterNode {
 impl script_call::Connector for Shared {
     type Conn = ClusterConnection;
 
+    /// The shared connection, or a new one (the seeds, the slot map, every master), made in a
+    /// task of its own.
     async fn connection(&self) -> Result<ClusterConnection, RedisError> {
-        let mut slot = self.conn.lock().await;
-        if let Some(conn) = slot.as_ref() {
-            return Ok(conn.clone());
-        }
-        let conn = self.client.get_async_connection().await?;
-        *slot = Some(conn.clone());
-        Ok(conn)
+        let client = self.client.clone();
+        self.conn
+            .get_or_make(move || async move { client.get_async_connection().await })
+            .await
     }
 
     /// Drops the connection after a failure the cluster client does not recover from by
@@ -70,7 +68,7 @@ impl script_call::Connector for Shared {
             err.kind(),
             redis::ErrorKind::ClusterConnectionNotFound | redis::ErrorKind::AuthenticationFailed
         ) {
-            *self.conn.lock().await = None;
+            self.conn.forget().await;
         }
     }
 }

@@ -133,6 +133,75 @@ pub(crate) trait Connector: Send + Sync + 'static {
     fn forget_after_timeout(&self) {}
 }
 
+/// A connection made once and shared by a voter that finds its server through others (the
+/// sentinels, a cluster's seeds). Making it takes several round trips, more than one
+/// `node_timeout` when those servers are far away; it runs in a task of its own, bounded by
+/// the connect timeout, that a call given up at `node_timeout` does not abandon, so a later
+/// call finds the connection made.
+#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
+pub(crate) struct Cached<T> {
+    slot: Arc<tokio::sync::Mutex<Option<T>>>,
+    connect_timeout: std::time::Duration,
+}
+
+#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
+impl<T: Clone + Send + 'static> Cached<T> {
+    /// Nothing made yet; `connect_timeout` bounds each making.
+    pub(crate) fn new(connect_timeout: std::time::Duration) -> Self {
+        Cached {
+            slot: Arc::default(),
+            connect_timeout,
+        }
+    }
+
+    /// The connection, made by `make` (in a task of its own) when there is none.
+    pub(crate) async fn get_or_make<Fut>(
+        &self,
+        make: impl FnOnce() -> Fut + Send + 'static,
+    ) -> Result<T, RedisError>
+    where
+        Fut: Future<Output = Result<T, RedisError>> + Send,
+    {
+        if let Ok(slot) = self.slot.try_lock()
+            && let Some(conn) = slot.as_ref()
+        {
+            return Ok(conn.clone());
+        }
+        let (slot, timeout) = (Arc::clone(&self.slot), self.connect_timeout);
+        let task = tokio::spawn(async move {
+            let mut slot = slot.lock().await;
+            if let Some(conn) = slot.as_ref() {
+                return Ok(conn.clone());
+            }
+            let conn = tokio::time::timeout(timeout, make()).await.map_err(|_| {
+                RedisError::from((
+                    redis::ErrorKind::Io,
+                    "no connection within the connect timeout",
+                ))
+            })??;
+            *slot = Some(conn.clone());
+            Ok(conn)
+        });
+        task.await.map_err(|err| {
+            RedisError::from((redis::ErrorKind::Io, "connect task", err.to_string()))
+        })?
+    }
+
+    /// Drops the connection: the next call makes a new one.
+    pub(crate) async fn forget(&self) {
+        *self.slot.lock().await = None;
+    }
+
+    /// Drops the connection unless it is being made right now (that attempt stands). Does not
+    /// block.
+    #[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
+    pub(crate) fn try_forget(&self) {
+        if let Ok(mut slot) = self.slot.try_lock() {
+            *slot = None;
+        }
+    }
+}
+
 /// Runs `op` on `connector`'s connection and reports its failure to the connector, a call
 /// dropped before its answer included.
 async fn on<C: Connector, T>(

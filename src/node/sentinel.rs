@@ -22,48 +22,9 @@ pub(crate) struct SentinelNode {
 }
 
 struct Shared {
-    link: Arc<Link>,
-}
-
-/// The sentinels and the master connection they lead to, shared with the background task
-/// that makes it.
-struct Link {
-    client: Mutex<SentinelClient>,
-    conn: Mutex<Option<MultiplexedConnection>>,
+    client: Arc<Mutex<SentinelClient>>,
+    conn: script_call::Cached<MultiplexedConnection>,
     connect_timeout: Duration,
-}
-
-impl Link {
-    /// The master connection: the cached one, or a new one through the sentinels (several
-    /// round trips: ask them, check the master's `ROLE`, connect), bounded by the connect
-    /// timeout.
-    async fn connect(&self) -> Result<MultiplexedConnection, RedisError> {
-        let mut slot = self.conn.lock().await;
-        if let Some(conn) = slot.as_ref() {
-            return Ok(conn.clone());
-        }
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            // Every call is bounded by node_timeout; a response timeout would only race it.
-            .set_response_timeout(None);
-        let discovery = async {
-            self.client
-                .lock()
-                .await
-                .get_async_connection_with_config(&config)
-                .await
-        };
-        let conn = tokio::time::timeout(self.connect_timeout, discovery)
-            .await
-            .map_err(|_| {
-                RedisError::from((
-                    redis::ErrorKind::Io,
-                    "no master connection through the sentinels within the connect timeout",
-                ))
-            })??;
-        *slot = Some(conn.clone());
-        Ok(conn)
-    }
 }
 
 impl SentinelNode {
@@ -79,11 +40,9 @@ impl SentinelNode {
         Ok(SentinelNode {
             addr,
             shared: Arc::new(Shared {
-                link: Arc::new(Link {
-                    client: Mutex::new(client),
-                    conn: Mutex::new(None),
-                    connect_timeout,
-                }),
+                client: Arc::new(Mutex::new(client)),
+                conn: script_call::Cached::new(connect_timeout),
+                connect_timeout,
             }),
         })
     }
@@ -92,21 +51,23 @@ impl SentinelNode {
 impl script_call::Connector for Shared {
     type Conn = MultiplexedConnection;
 
-    /// The cached connection, or one made in a task of its own: discovery takes several round
-    /// trips, and a call given up at `node_timeout` must not abandon it (with a far-away
-    /// group it would never complete), so the next call finds the connection made.
+    /// The cached master connection, or a new one through the sentinels (asking them,
+    /// checking the master's `ROLE`, connecting), made in a task of its own.
     async fn connection(&self) -> Result<MultiplexedConnection, RedisError> {
-        if let Ok(slot) = self.link.conn.try_lock()
-            && let Some(conn) = slot.as_ref()
-        {
-            return Ok(conn.clone());
-        }
-        let link = Arc::clone(&self.link);
-        tokio::spawn(async move { link.connect().await })
+        let client = Arc::clone(&self.client);
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            // Every call is bounded by node_timeout; a response timeout would only race it.
+            .set_response_timeout(None);
+        self.conn
+            .get_or_make(move || async move {
+                client
+                    .lock()
+                    .await
+                    .get_async_connection_with_config(&config)
+                    .await
+            })
             .await
-            .map_err(|err| {
-                RedisError::from((redis::ErrorKind::Io, "connect task", err.to_string()))
-            })?
     }
 
     /// Forgets the master after a failure that may mean it is no longer the master (its
@@ -121,7 +82,7 @@ impl script_call::Connector for Shared {
                 Some("READONLY" | "MASTERDOWN" | "LOADING" | "NOAUTH" | "WRONGPASS" | "NOREPLICAS")
             )
         {
-            *self.link.conn.lock().await = None;
+            self.conn.forget().await;
         }
     }
 
@@ -131,9 +92,7 @@ impl script_call::Connector for Shared {
     /// gives up, many minutes later.) When the connection is being made right now, that
     /// attempt stands.
     fn forget_after_timeout(&self) {
-        if let Ok(mut slot) = self.link.conn.try_lock() {
-            *slot = None;
-        }
+        self.conn.try_forget();
     }
 }
 
