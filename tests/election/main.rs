@@ -126,6 +126,27 @@ async fn next<T>(rx: &mut mpsc::UnboundedReceiver<T>, within: Duration, what: &s
 }
 
 /// The lock key's value and PTTL on each server.
+/// `election.observe()`, forwarded to a channel by a task (abort it when done).
+fn watch(
+    election: &Election,
+) -> (
+    mpsc::UnboundedReceiver<Option<redfence::Leader>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (changes_tx, changes) = mpsc::unbounded_channel();
+    let watcher = election.observe();
+    let watching = tokio::spawn(async move {
+        use futures::StreamExt;
+        let mut watcher = std::pin::pin!(watcher);
+        while let Some(change) = watcher.next().await {
+            if changes_tx.send(change).is_err() {
+                return;
+            }
+        }
+    });
+    (changes, watching)
+}
+
 fn lock_state(servers: &Servers) -> Vec<(Option<String>, i64)> {
     (0..servers.len())
         .map(|i| (servers.get(i, LOCK_KEY), servers.pttl(i, LOCK_KEY)))
@@ -324,17 +345,7 @@ async fn a_majority_down_ends_leadership_before_the_lease_and_nobody_leads_until
     }
     let first = next(&mut terms, DEADLINE, "a first leader").await;
     // An observer, which names the first leader and must stop naming it.
-    let (changes_tx, mut changes) = mpsc::unbounded_channel();
-    let watcher = elections[0].observe();
-    let watching = tokio::spawn(async move {
-        use futures::StreamExt;
-        let mut watcher = std::pin::pin!(watcher);
-        while let Some(change) = watcher.next().await {
-            if changes_tx.send(change).is_err() {
-                return;
-            }
-        }
-    });
+    let (mut changes, watching) = watch(&elections[0]);
     let seen = next(&mut changes, DEADLINE, "the first observation").await;
     assert_eq!(seen.map(|l| l.term), Some(first.term));
     tokio::time::sleep(3 * RETRY_PERIOD).await;
@@ -404,17 +415,7 @@ async fn resign_hands_over_within_one_retry_period() {
     }
     let first = next(&mut terms, DEADLINE, "a first leader").await;
     // Watch from the other candidate, from now on.
-    let (changes_tx, mut changes) = mpsc::unbounded_channel();
-    let watcher = elections[1 - first.candidate].observe();
-    let watching = tokio::spawn(async move {
-        use futures::StreamExt;
-        let mut watcher = std::pin::pin!(watcher);
-        while let Some(change) = watcher.next().await {
-            if changes_tx.send(change).is_err() {
-                return;
-            }
-        }
-    });
+    let (mut changes, watching) = watch(&elections[1 - first.candidate]);
     let seen_first = next(&mut changes, DEADLINE, "the first observation").await;
     assert_eq!(seen_first.map(|l| l.term), Some(first.term));
     tokio::time::sleep(3 * RETRY_PERIOD).await;
