@@ -10,17 +10,38 @@ use redis::{ConnectionAddr, ConnectionInfo};
 /// (`redis://app:hunter2@host:6379` becomes `redis://app:<redacted>@host:6379`) and in a
 /// `pass=` or `password=` query parameter (`redis+unix:///run/redis.sock?pass=hunter2`). A user
 /// name alone (`redis://app@host`) is kept; text that is not a URL is returned unchanged.
+/// Malformed URLs are handled too: the user information ends at the last `@` that no `=`
+/// precedes (a password may hold `@`, `/` or `?`; a query's `@` follows a `=`).
 pub(crate) fn redact_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_owned();
     };
-    // The query starts after the user information (a malformed password may hold a `?`).
-    let host_start = url.rfind('@').unwrap_or(scheme_end);
-    let (url, query) = match url[host_start..].find('?') {
-        Some(at) => (&url[..host_start + at], Some(&url[host_start + at + 1..])),
-        None => (url, None),
+    let (scheme, rest) = url.split_at(scheme_end + 3);
+    let userinfo_end = rest
+        .match_indices('@')
+        .map(|(at, _)| at)
+        .rev()
+        .find(|&at| !rest[..at].contains('='));
+    let mut shown = String::from(scheme);
+    let after_userinfo = match userinfo_end {
+        Some(at) => {
+            let userinfo = &rest[..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => {
+                    shown.push_str(user);
+                    shown.push_str(":<redacted>");
+                }
+                None => shown.push_str(userinfo),
+            }
+            &rest[at..]
+        }
+        None => rest,
     };
-    let mut shown = redact_userinfo(url, scheme_end);
+    let (before_query, query) = match after_userinfo.split_once('?') {
+        Some((before, query)) => (before, Some(query)),
+        None => (after_userinfo, None),
+    };
+    shown.push_str(before_query);
     if let Some(query) = query {
         let params: Vec<String> = query
             .split('&')
@@ -33,25 +54,6 @@ pub(crate) fn redact_url(url: &str) -> String {
         shown.push_str(&params.join("&"));
     }
     shown
-}
-
-/// `url` (no query) with the password of its user information redacted.
-fn redact_userinfo(url: &str, scheme_end: usize) -> String {
-    let rest = &url[scheme_end + 3..];
-    // The last `@` ends the user information, even when a (malformed) password has an `@`.
-    let Some(at) = rest.rfind('@') else {
-        return url.to_owned();
-    };
-    let userinfo = &rest[..at];
-    let Some(colon) = userinfo.find(':') else {
-        return url.to_owned();
-    };
-    format!(
-        "{}{}:<redacted>{}",
-        &url[..scheme_end + 3],
-        &userinfo[..colon],
-        &rest[at..]
-    )
 }
 
 /// The addresses a node's server answers at, for duplicate detection: every socket address
@@ -100,6 +102,16 @@ mod tests {
                 "redis://app:hun?ter2@host/0?db=1",
                 "redis://app:<redacted>@host/0?db=1",
             ),
+            ("redis://app:pa/ss@host", "redis://app:<redacted>@host"),
+            (
+                "redis://app:pw@host?db=1&pass=p@ss",
+                "redis://app:<redacted>@host?db=1&pass=<redacted>",
+            ),
+            (
+                "redis+unix:///x.sock?user=me@corp&pass=secret",
+                "redis+unix:///x.sock?user=me@corp&pass=<redacted>",
+            ),
+            ("redis@host?x://y", "redis@host?x://y"),
             ("redis://app@host:6379", "redis://app@host:6379"),
             ("redis://host:6379/2", "redis://host:6379/2"),
             ("not a url", "not a url"),

@@ -174,3 +174,34 @@ async fn discovery_longer_than_a_node_timeout_still_connects() {
     assert_eq!(cluster.get("job").as_deref(), Some(lock.token()));
     lock.release().await.expect("release");
 }
+
+/// On Cluster voters the election's lock and leader record must share a slot (the name is
+/// their hash tag): a name starting with `}` (an empty tag) is refused before any traffic;
+/// braces inside a name are fine.
+#[test]
+fn an_election_whose_keys_would_split_across_slots_is_refused() {
+    let redlock = Redlock::builder()
+        .node(NodeAddr::cluster(["redis://127.0.0.1:1"]))
+        .fencing(MemoryCounter::new())
+        .build()
+        .expect("config");
+    let err = redlock
+        .election("}x", None)
+        .build()
+        .expect_err("an empty hash tag");
+    assert!(
+        matches!(
+            err,
+            Error::Config(redfence::ConfigError::BadOption {
+                option: "election name",
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    let election = redlock
+        .election("jobs{eu}", None)
+        .build()
+        .expect("one slot");
+    assert_eq!(election.lock_key(), "election:{jobs{eu}}");
+}

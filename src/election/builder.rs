@@ -168,9 +168,9 @@ impl ElectionBuilder {
     ///   (the terms are its tokens).
     /// - [`ConfigError::ElectionTiming`] unless `lease > renew_deadline > 1.2 ×
     ///   retry_period > 0` and `renew_deadline < lease − drift(lease)`.
-    /// - [`ConfigError::BadOption`] for an empty name or identity, a name with `{` or `}`
-    ///   (it is the keys' hash tag), or a key prefix that puts the lock and the leader
-    ///   record in different Cluster slots.
+    /// - [`ConfigError::BadOption`] for an empty name or identity, or, with Cluster voters, a
+    ///   name or key prefix that puts the lock and the leader record in different slots (the
+    ///   name is their hash tag: a name starting with `}` breaks it).
     /// - [`Error::InvalidInput`] for a lease `acquire` would reject, or a resource name the
     ///   fencing counter cannot store.
     pub fn build(self) -> Result<Election, Error> {
@@ -180,13 +180,6 @@ impl ElectionBuilder {
         }
         if self.name.is_empty() {
             return Err(bad_option("election name", "must not be empty"));
-        }
-        if self.name.contains(['{', '}']) {
-            return Err(bad_option(
-                "election name",
-                "must not contain '{' or '}': the name is the hash tag that keeps the \
-                 election's lock and leader record in one Redis Cluster slot",
-            ));
         }
         let identity = match self.identity {
             Some(identity) if identity.is_empty() => {
@@ -205,7 +198,8 @@ impl ElectionBuilder {
         let target = self.shared.target(&[&resource], timing.lease)?;
         let lock_key: Arc<str> = Arc::from(target.keys.first().map_or("", String::as_str));
         let record_key: Arc<str> = Arc::from(format!("{lock_key}:leader"));
-        // A key prefix can still split them (an empty hash tag, `{}`, in the prefix).
+        // On a Cluster voter both keys must share a slot: the name is their hash tag, which a
+        // name starting with `}` or a key prefix with an empty tag (`{}`) breaks.
         let both = [lock_key.to_string(), record_key.to_string()];
         if self
             .shared
@@ -214,9 +208,9 @@ impl ElectionBuilder {
             .any(|n| n.split_keys(&both).is_some())
         {
             return Err(bad_option(
-                "key prefix",
+                "election name",
                 "puts the election's lock and leader record in different Redis Cluster slots \
-                 (an empty hash tag, {}, in the prefix?)",
+                 (a name starting with '}', or an empty hash tag {} in the key prefix)",
             ));
         }
         Ok(Election {

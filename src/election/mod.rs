@@ -183,7 +183,8 @@ impl Election {
     /// Dropping the future returned by `run` ends the candidacy: a term in progress is
     /// released in the background and `on_stopped_leading` runs. To shut down, drop it, then
     /// call [`Redlock::close`](crate::Redlock::close), which waits for that step-down: the
-    /// next leader is elected within a `retry_period`, not after the lease.
+    /// next leader is elected within about a `retry_period` (up to 1.2× with the jitter), not
+    /// after the lease.
     ///
     /// # Errors
     ///

@@ -5,6 +5,7 @@ use std::time::Instant;
 use futures::Stream;
 
 use super::{Election, Leader};
+use crate::clock;
 
 /// What the stream remembers between polls.
 struct Seen {
@@ -20,7 +21,7 @@ struct Seen {
 pub(super) fn changes(election: Election) -> impl Stream<Item = Option<Leader>> + Send + 'static {
     let seen = Seen {
         last: None,
-        read_at: Instant::now(),
+        read_at: clock::now(),
     };
     futures::stream::unfold((election, seen), |(election, mut seen)| async move {
         loop {
@@ -29,7 +30,7 @@ pub(super) fn changes(election: Election) -> impl Stream<Item = Option<Leader>> 
             }
             match election.leader().await {
                 Ok(now) => {
-                    seen.read_at = Instant::now();
+                    seen.read_at = clock::now();
                     if seen.last.as_ref() != Some(&now) {
                         seen.last = Some(now.clone());
                         return Some((now, (election, seen)));
@@ -38,7 +39,7 @@ pub(super) fn changes(election: Election) -> impl Stream<Item = Option<Leader>> 
                 Err(error) => {
                     tracing::debug!(election = %election.name(), %error, "leader unknown; polling on");
                     let named = matches!(seen.last, Some(Some(_)));
-                    if named && seen.read_at.elapsed() >= election.lease() {
+                    if named && clock::since(seen.read_at) >= election.lease() {
                         seen.last = Some(None);
                         return Some((None, (election, seen)));
                     }

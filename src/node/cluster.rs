@@ -54,7 +54,7 @@ impl script_call::Connector for Shared {
 
     /// The shared connection, or a new one (the seeds, the slot map, every master), made in a
     /// task of its own.
-    async fn connection(&self) -> Result<ClusterConnection, RedisError> {
+    async fn connection(&self) -> Result<(u64, ClusterConnection), RedisError> {
         let client = self.client.clone();
         self.conn
             .get_or_make(move || async move { client.get_async_connection().await })

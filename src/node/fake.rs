@@ -102,7 +102,6 @@ impl FakeNode {
             .map(|(token, _)| token.clone())
     }
 
-    /// Makes the node report `policy` as its `maxmemory-policy`.
     /// Makes guarded writes (the election's record) never answer.
     pub(crate) fn hang_writes(&self) {
         self.inner
@@ -110,6 +109,7 @@ impl FakeNode {
             .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// Makes the node report `policy` as its `maxmemory-policy`.
     pub(crate) fn set_eviction_policy(&self, policy: &str) {
         if let Ok(mut p) = self.inner.eviction.lock() {
             *p = policy.to_owned();

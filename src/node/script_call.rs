@@ -120,17 +120,19 @@ pub(crate) trait Connector: Send + Sync + 'static {
     /// The connection the scripts run on.
     type Conn: ConnectionLike + Send;
 
-    /// The shared connection, made on first use.
-    fn connection(&self) -> impl Future<Output = Result<Self::Conn, RedisError>> + Send;
+    /// The shared connection, made on first use, with its generation (see
+    /// [`forget_after_timeout`](Self::forget_after_timeout)).
+    fn connection(&self) -> impl Future<Output = Result<(u64, Self::Conn), RedisError>> + Send;
 
     /// Drops the connection after `err` if it is a failure this kind of node recovers from
     /// only by connecting afresh.
     fn forget_after(&self, err: &RedisError) -> impl Future<Output = ()> + Send;
 
-    /// A call was given up before its answer (its `node_timeout` passed): drops the
-    /// connection if this kind of node recovers from a hung server only by connecting afresh.
-    /// Must not block (it runs on drop).
-    fn forget_after_timeout(&self) {}
+    /// A call on the connection of `generation` was given up before its answer (its
+    /// `node_timeout` passed, or its caller cancelled it): drops that connection, if it is
+    /// still the current one, when this kind of node recovers from a hung server only by
+    /// connecting afresh. Must not block (it runs on drop).
+    fn forget_after_timeout(&self, _generation: u64) {}
 }
 
 /// A connection made once and shared by a voter that finds its server through others (the
@@ -140,7 +142,9 @@ pub(crate) trait Connector: Send + Sync + 'static {
 /// call finds the connection made.
 #[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
 pub(crate) struct Cached<T> {
-    slot: Arc<tokio::sync::Mutex<Option<T>>>,
+    /// The connection and its generation (each one made gets the next).
+    slot: Arc<tokio::sync::Mutex<Option<(u64, T)>>>,
+    made: Arc<std::sync::atomic::AtomicU64>,
     connect_timeout: std::time::Duration,
 }
 
@@ -150,28 +154,31 @@ impl<T: Clone + Send + 'static> Cached<T> {
     pub(crate) fn new(connect_timeout: std::time::Duration) -> Self {
         Cached {
             slot: Arc::default(),
+            made: Arc::default(),
             connect_timeout,
         }
     }
 
-    /// The connection, made by `make` (in a task of its own) when there is none.
+    /// The connection and its generation, made by `make` (in a task of its own) when there
+    /// is none.
     pub(crate) async fn get_or_make<Fut>(
         &self,
         make: impl FnOnce() -> Fut + Send + 'static,
-    ) -> Result<T, RedisError>
+    ) -> Result<(u64, T), RedisError>
     where
         Fut: Future<Output = Result<T, RedisError>> + Send,
     {
         if let Ok(slot) = self.slot.try_lock()
-            && let Some(conn) = slot.as_ref()
+            && let Some(current) = slot.as_ref()
         {
-            return Ok(conn.clone());
+            return Ok(current.clone());
         }
-        let (slot, timeout) = (Arc::clone(&self.slot), self.connect_timeout);
+        let (slot, made) = (Arc::clone(&self.slot), Arc::clone(&self.made));
+        let timeout = self.connect_timeout;
         let task = tokio::spawn(async move {
             let mut slot = slot.lock().await;
-            if let Some(conn) = slot.as_ref() {
-                return Ok(conn.clone());
+            if let Some(current) = slot.as_ref() {
+                return Ok(current.clone());
             }
             let conn = tokio::time::timeout(timeout, make()).await.map_err(|_| {
                 RedisError::from((
@@ -179,8 +186,9 @@ impl<T: Clone + Send + 'static> Cached<T> {
                     "no connection within the connect timeout",
                 ))
             })??;
-            *slot = Some(conn.clone());
-            Ok(conn)
+            let generation = made.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            *slot = Some((generation, conn.clone()));
+            Ok((generation, conn))
         });
         task.await.map_err(|err| {
             RedisError::from((redis::ErrorKind::Io, "connect task", err.to_string()))
@@ -192,11 +200,15 @@ impl<T: Clone + Send + 'static> Cached<T> {
         *self.slot.lock().await = None;
     }
 
-    /// Drops the connection unless it is being made right now (that attempt stands). Does not
-    /// block.
+    /// Drops the connection of `generation` if it is still the current one and not being
+    /// replaced right now (a newer connection stands). Does not block.
     #[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
-    pub(crate) fn try_forget(&self) {
-        if let Ok(mut slot) = self.slot.try_lock() {
+    pub(crate) fn try_forget(&self, generation: u64) {
+        if let Ok(mut slot) = self.slot.try_lock()
+            && slot
+                .as_ref()
+                .is_some_and(|(current, _)| *current == generation)
+        {
             *slot = None;
         }
     }
@@ -208,12 +220,17 @@ async fn on<C: Connector, T>(
     connector: &C,
     op: impl AsyncFnOnce(&mut C::Conn) -> Result<T, RedisError>,
 ) -> Result<T, NodeFailure> {
-    let mut abandoned = DropGuard::new(connector, |c: &mut &C| c.forget_after_timeout());
     let result = match connector.connection().await {
-        Ok(mut conn) => op(&mut conn).await,
+        Ok((generation, mut conn)) => {
+            let mut abandoned = DropGuard::new((connector, generation), |(c, generation)| {
+                c.forget_after_timeout(*generation);
+            });
+            let result = op(&mut conn).await;
+            abandoned.disarm();
+            result
+        }
         Err(err) => Err(err),
     };
-    abandoned.disarm();
     if let Err(err) = &result {
         connector.forget_after(err).await;
     }

@@ -53,7 +53,7 @@ impl script_call::Connector for Shared {
 
     /// The cached master connection, or a new one through the sentinels (asking them,
     /// checking the master's `ROLE`, connecting), made in a task of its own.
-    async fn connection(&self) -> Result<MultiplexedConnection, RedisError> {
+    async fn connection(&self) -> Result<(u64, MultiplexedConnection), RedisError> {
         let client = Arc::clone(&self.client);
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
@@ -91,8 +91,8 @@ impl script_call::Connector for Shared {
     /// response timeout of its own, so without this a hung master would be kept until TCP
     /// gives up, many minutes later.) When the connection is being made right now, that
     /// attempt stands.
-    fn forget_after_timeout(&self) {
-        self.conn.try_forget();
+    fn forget_after_timeout(&self, generation: u64) {
+        self.conn.try_forget(generation);
     }
 }
 

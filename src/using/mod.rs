@@ -91,8 +91,9 @@ where
 
     drop(stop);
     if let Err(error) = task.join().await {
-        // The task does not panic (hooks are guarded); this is a cancelled runtime. The
-        // lock, dropped with the task, releases itself in the background if it can.
+        // The task does not panic (hooks are guarded), so this is most likely a cancelled
+        // runtime. The lock, dropped with the task, releases itself in the background if it
+        // can.
         tracing::error!(?error, ?resources, "lock extension task failed");
     }
     match outcome {

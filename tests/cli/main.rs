@@ -19,9 +19,12 @@ const BUSY: i32 = 75;
 const LOST: i32 = 79;
 const USAGE: i32 = 64;
 
-/// The binary, pointed at every server, with a node timeout that suits a loaded machine.
+/// The binary, pointed at every server, with a node timeout that suits a loaded machine. In
+/// a process group of its own: run from a terminal's foreground (a developer's shell), it
+/// would keep the job in its own group, and the tests are of the cron case.
 fn redfence(servers: &Servers) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_redfence"));
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
     command
         .env("REDFENCE_NODES", servers.urls().join(","))
         .env("REDFENCE_NODE_TIMEOUT", "200ms")

@@ -1,8 +1,8 @@
-//! The command run under the lock: spawn it (in a process group of its own, unless run from a
-//! terminal), forward signals, stop all of it, read its exit code.
+//! The command run under the lock: spawn it (in a process group of its own, unless run in a
+//! terminal's foreground), forward signals, stop all of it, read its exit code.
 
 use std::ffi::OsString;
-use std::io::{ErrorKind, IsTerminal};
+use std::io::ErrorKind;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::Duration;
@@ -10,7 +10,7 @@ use std::time::Duration;
 use nix::errno::Errno;
 use nix::sys::signal::{Signal as Sig, kill, killpg};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
-use nix::unistd::Pid;
+use nix::unistd::{Pid, getpgrp, tcgetpgrp};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
@@ -39,11 +39,12 @@ pub struct LockEnv<'a> {
 
 /// The command running under the lock.
 ///
-/// Run from cron, systemd or a script (stdin is not a terminal), it gets a process group of
-/// its own, and everything in that group is the job: signals reach all of it, and what it
-/// leaves running is stopped before the lock is released. Run from a terminal, it stays in
-/// redfence's group, so that job control works as for any command (Ctrl-C and Ctrl-Z reach
-/// both, the job can read the terminal); only its first process is signalled and followed.
+/// Run from cron, systemd or in the background (no controlling terminal, or not its
+/// foreground), it gets a process group of its own, and everything in that group is the job:
+/// signals reach all of it, and what it leaves running is stopped before the lock is
+/// released. Run in the foreground of a terminal, it stays in redfence's group, so that job
+/// control works as for any command (Ctrl-C and Ctrl-Z reach both, the job can use the
+/// terminal); only its first process is signalled and followed.
 #[derive(Debug)]
 pub struct Job {
     child: Child,
@@ -57,7 +58,7 @@ pub struct Job {
 
 impl Job {
     /// Starts the command with stdin, stdout and stderr inherited; in a process group of its
-    /// own unless stdin is a terminal.
+    /// own unless redfence runs in the foreground of a terminal.
     pub fn spawn(spec: &Spec, env: &LockEnv<'_>) -> Result<Job, Failure> {
         let Some((program, args)) = spec.argv.split_first() else {
             return Err(Failure::usage("no command to run"));
@@ -85,7 +86,7 @@ impl Job {
         if let Some(fence) = env.fence {
             command.env("REDFENCE_FENCE", fence.to_string());
         }
-        let own_group = !std::io::stdin().is_terminal();
+        let own_group = !in_terminal_foreground();
         if own_group {
             command.process_group(0);
         }
@@ -248,6 +249,18 @@ impl Drop for Job {
             let _ = killpg(group, Sig::SIGKILL);
         }
     }
+}
+
+/// Whether redfence runs in the foreground of its controlling terminal (an interactive shell,
+/// whatever its stdin): the job then stays in redfence's process group, so that it can use
+/// the terminal (a `read < /dev/tty`, an ssh or sudo prompt) and job control reaches both.
+/// Without a controlling terminal (cron, systemd) or in the background, the job gets a group
+/// of its own.
+fn in_terminal_foreground() -> bool {
+    let Ok(tty) = std::fs::File::open("/dev/tty") else {
+        return false;
+    };
+    tcgetpgrp(&tty).is_ok_and(|foreground| foreground == getpgrp())
 }
 
 /// SIGCHLD, to reap the orphans redfence adopts while the job runs (Linux).

@@ -5,7 +5,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::time::Duration;
 
-use redfence::{Backoff, Error, Redlock, Signal};
+use redfence::{Backoff, Error, FencingError, Redlock, Signal};
 
 /// How long the fencing counter may take to issue a token (the library's default).
 const FENCING_TIMEOUT: Duration = Duration::from_secs(1);
@@ -113,11 +113,18 @@ pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
         // timeout: give failed nodes a few attempts even without --wait. Contention obeys
         // --wait alone.
         let unreachable = !matches!(error, Error::Contended { .. });
-        let retry = in_time || (unreachable && attempts < MIN_ATTEMPTS);
-        // A counter that could not issue a token (the lock was released: fail closed) is
-        // retried like an unreachable node: one slow batch must not end a long --wait.
-        let retryable = error.is_retryable() || matches!(error, Error::Fencing(_));
-        if !retryable || !retry {
+        let few = unreachable && attempts < MIN_ATTEMPTS;
+        // A counter that could not issue a token (the lock was released: fail closed): a slow
+        // batch (a timeout, or the lock's validity spent) is retried within --wait, as an
+        // unreachable node is; any other counter error (refused, bad credentials, a missing
+        // table) gets the few attempts only, so that a lasting one ends the run.
+        let retry = match &error {
+            Error::Fencing(FencingError::Timeout(_) | FencingError::LockExpired) => in_time || few,
+            Error::Fencing(_) => few,
+            _ if error.is_retryable() => in_time || few,
+            _ => false,
+        };
+        if !retry {
             waiting.finish();
             return Err(not_acquired(&error, args.busy_exit_code));
         }
