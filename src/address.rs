@@ -10,50 +10,55 @@ use redis::{ConnectionAddr, ConnectionInfo};
 /// (`redis://app:hunter2@host:6379` becomes `redis://app:<redacted>@host:6379`) and in a
 /// `pass=` or `password=` query parameter (`redis+unix:///run/redis.sock?pass=hunter2`). A user
 /// name alone (`redis://app@host`) is kept; text that is not a URL is returned unchanged.
-/// Malformed URLs are handled too: the user information ends at the last `@` that no `=`
-/// precedes (a password may hold `@`, `/` or `?`; a query's `@` follows a `=`).
+///
+/// A URL that parses (as redis-rs parses it) is shown as parsed. One that does not (a
+/// password with an unescaped `@`, `/` or `?`) is redacted conservatively: everything from
+/// the first `:` after the scheme to the last `@`.
 pub(crate) fn redact_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_owned();
     };
-    let (scheme, rest) = url.split_at(scheme_end + 3);
-    let userinfo_end = rest
-        .match_indices('@')
-        .map(|(at, _)| at)
-        .rev()
-        .find(|&at| !rest[..at].contains('='));
-    let mut shown = String::from(scheme);
-    let after_userinfo = match userinfo_end {
-        Some(at) => {
-            let userinfo = &rest[..at];
-            match userinfo.split_once(':') {
-                Some((user, _)) => {
-                    shown.push_str(user);
-                    shown.push_str(":<redacted>");
-                }
-                None => shown.push_str(userinfo),
+    let shown = match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            // A marker the URL serializer keeps as it is, swapped for the readable one.
+            match parsed.set_password(Some("REDFENCE-REDACTED")) {
+                Ok(()) => parsed
+                    .as_str()
+                    .replacen("REDFENCE-REDACTED", "<redacted>", 1),
+                Err(()) => conservative(url, scheme_end),
             }
-            &rest[at..]
         }
-        None => rest,
+        Ok(_) => url.to_owned(),
+        Err(_) => conservative(url, scheme_end),
     };
-    let (before_query, query) = match after_userinfo.split_once('?') {
-        Some((before, query)) => (before, Some(query)),
-        None => (after_userinfo, None),
-    };
-    shown.push_str(before_query);
-    if let Some(query) = query {
-        let params: Vec<String> = query
-            .split('&')
-            .map(|param| match param.split_once('=') {
-                Some((name @ ("pass" | "password"), _)) => format!("{name}=<redacted>"),
-                _ => param.to_owned(),
-            })
-            .collect();
-        shown.push('?');
-        shown.push_str(&params.join("&"));
+    redact_query(&shown)
+}
+
+/// `url` (which did not parse) with everything from the first `:` after the scheme to the
+/// last `@` hidden, when such a `:` precedes that `@`: a password can hide nowhere else.
+fn conservative(url: &str, scheme_end: usize) -> String {
+    let (scheme, rest) = url.split_at(scheme_end + 3);
+    match (rest.find(':'), rest.rfind('@')) {
+        (Some(colon), Some(at)) if colon < at => {
+            format!("{scheme}{}:<redacted>{}", &rest[..colon], &rest[at..])
+        }
+        _ => url.to_owned(),
     }
-    shown
+}
+
+/// `url` with the values of its `pass` and `password` query parameters hidden.
+fn redact_query(url: &str) -> String {
+    let Some((before, query)) = url.split_once('?') else {
+        return url.to_owned();
+    };
+    let params: Vec<String> = query
+        .split('&')
+        .map(|param| match param.split_once('=') {
+            Some((name @ ("pass" | "password"), _)) => format!("{name}=<redacted>"),
+            _ => param.to_owned(),
+        })
+        .collect();
+    format!("{before}?{}", params.join("&"))
 }
 
 /// The addresses a node's server answers at, for duplicate detection: every socket address
@@ -112,6 +117,17 @@ mod tests {
                 "redis+unix:///x.sock?user=me@corp&pass=<redacted>",
             ),
             ("redis@host?x://y", "redis@host?x://y"),
+            // Base64 passwords end in '='.
+            (
+                "redis://:c2VjcmV0==@host:6379",
+                "redis://:<redacted>@host:6379",
+            ),
+            (
+                "rediss://user:pa=ss@h:6380/0?protocol=resp3",
+                "rediss://user:<redacted>@h:6380/0?protocol=resp3",
+            ),
+            ("redis://[::1]:6379", "redis://[::1]:6379"),
+            ("redis://u:pw@[::1]:6379", "redis://u:<redacted>@[::1]:6379"),
             ("redis://app@host:6379", "redis://app@host:6379"),
             ("redis://host:6379/2", "redis://host:6379/2"),
             ("not a url", "not a url"),

@@ -63,12 +63,12 @@ impl script_call::Connector for Shared {
 
     /// Drops the connection after a failure the cluster client does not recover from by
     /// itself (no member reachable, authentication), so that the next call starts afresh.
-    async fn forget_after(&self, err: &RedisError) {
+    async fn forget_after(&self, err: &RedisError, generation: u64) {
         if matches!(
             err.kind(),
             redis::ErrorKind::ClusterConnectionNotFound | redis::ErrorKind::AuthenticationFailed
         ) {
-            self.conn.forget().await;
+            self.conn.forget(generation).await;
         }
     }
 }

@@ -124,9 +124,9 @@ pub(crate) trait Connector: Send + Sync + 'static {
     /// [`forget_after_timeout`](Self::forget_after_timeout)).
     fn connection(&self) -> impl Future<Output = Result<(u64, Self::Conn), RedisError>> + Send;
 
-    /// Drops the connection after `err` if it is a failure this kind of node recovers from
-    /// only by connecting afresh.
-    fn forget_after(&self, err: &RedisError) -> impl Future<Output = ()> + Send;
+    /// Drops the connection of `generation` (if still the current one) after `err`, if it is
+    /// a failure this kind of node recovers from only by connecting afresh.
+    fn forget_after(&self, err: &RedisError, generation: u64) -> impl Future<Output = ()> + Send;
 
     /// A call on the connection of `generation` was given up before its answer (its
     /// `node_timeout` passed, or its caller cancelled it): drops that connection, if it is
@@ -142,10 +142,18 @@ pub(crate) trait Connector: Send + Sync + 'static {
 /// call finds the connection made.
 #[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
 pub(crate) struct Cached<T> {
-    /// The connection and its generation (each one made gets the next).
-    slot: Arc<tokio::sync::Mutex<Option<(u64, T)>>>,
+    slot: Arc<tokio::sync::Mutex<Slot<T>>>,
     made: Arc<std::sync::atomic::AtomicU64>,
     connect_timeout: std::time::Duration,
+}
+
+/// What [`Cached`] holds.
+struct Slot<T> {
+    /// The connection and its generation (each one made gets the next).
+    current: Option<(u64, T)>,
+    /// The last failed attempt: when it ended, and why. Callers that were already waiting
+    /// for it get its error instead of trying again one after the other.
+    failed: Option<(tokio::time::Instant, String)>,
 }
 
 #[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
@@ -153,7 +161,10 @@ impl<T: Clone + Send + 'static> Cached<T> {
     /// Nothing made yet; `connect_timeout` bounds each making.
     pub(crate) fn new(connect_timeout: std::time::Duration) -> Self {
         Cached {
-            slot: Arc::default(),
+            slot: Arc::new(tokio::sync::Mutex::new(Slot {
+                current: None,
+                failed: None,
+            })),
             made: Arc::default(),
             connect_timeout,
         }
@@ -169,35 +180,63 @@ impl<T: Clone + Send + 'static> Cached<T> {
         Fut: Future<Output = Result<T, RedisError>> + Send,
     {
         if let Ok(slot) = self.slot.try_lock()
-            && let Some(current) = slot.as_ref()
+            && let Some(current) = slot.current.as_ref()
         {
             return Ok(current.clone());
         }
         let (slot, made) = (Arc::clone(&self.slot), Arc::clone(&self.made));
         let timeout = self.connect_timeout;
+        let asked = tokio::time::Instant::now();
         let task = tokio::spawn(async move {
             let mut slot = slot.lock().await;
-            if let Some(current) = slot.as_ref() {
+            if let Some(current) = slot.current.as_ref() {
                 return Ok(current.clone());
             }
-            let conn = tokio::time::timeout(timeout, make()).await.map_err(|_| {
-                RedisError::from((
+            if let Some((at, why)) = &slot.failed
+                && *at >= asked
+            {
+                return Err(RedisError::from((
+                    redis::ErrorKind::Io,
+                    "connecting failed just now",
+                    why.clone(),
+                )));
+            }
+            let made_now = match tokio::time::timeout(timeout, make()).await {
+                Ok(result) => result,
+                Err(_) => Err(RedisError::from((
                     redis::ErrorKind::Io,
                     "no connection within the connect timeout",
-                ))
-            })??;
-            let generation = made.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-            *slot = Some((generation, conn.clone()));
-            Ok((generation, conn))
+                ))),
+            };
+            match made_now {
+                Ok(conn) => {
+                    let generation = made.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    slot.current = Some((generation, conn.clone()));
+                    slot.failed = None;
+                    Ok((generation, conn))
+                }
+                Err(err) => {
+                    slot.failed = Some((tokio::time::Instant::now(), err.to_string()));
+                    Err(err)
+                }
+            }
         });
         task.await.map_err(|err| {
             RedisError::from((redis::ErrorKind::Io, "connect task", err.to_string()))
         })?
     }
 
-    /// Drops the connection: the next call makes a new one.
-    pub(crate) async fn forget(&self) {
-        *self.slot.lock().await = None;
+    /// Drops the connection of `generation` if it is still the current one (a newer one
+    /// stands): the next call makes a new one.
+    pub(crate) async fn forget(&self, generation: u64) {
+        let mut slot = self.slot.lock().await;
+        if slot
+            .current
+            .as_ref()
+            .is_some_and(|(current, _)| *current == generation)
+        {
+            slot.current = None;
+        }
     }
 
     /// Drops the connection of `generation` if it is still the current one and not being
@@ -206,10 +245,11 @@ impl<T: Clone + Send + 'static> Cached<T> {
     pub(crate) fn try_forget(&self, generation: u64) {
         if let Ok(mut slot) = self.slot.try_lock()
             && slot
+                .current
                 .as_ref()
                 .is_some_and(|(current, _)| *current == generation)
         {
-            *slot = None;
+            slot.current = None;
         }
     }
 }
@@ -220,19 +260,15 @@ async fn on<C: Connector, T>(
     connector: &C,
     op: impl AsyncFnOnce(&mut C::Conn) -> Result<T, RedisError>,
 ) -> Result<T, NodeFailure> {
-    let result = match connector.connection().await {
-        Ok((generation, mut conn)) => {
-            let mut abandoned = DropGuard::new((connector, generation), |(c, generation)| {
-                c.forget_after_timeout(*generation);
-            });
-            let result = op(&mut conn).await;
-            abandoned.disarm();
-            result
-        }
-        Err(err) => Err(err),
-    };
+    // A connect that failed left nothing to forget.
+    let (generation, mut conn) = connector.connection().await?;
+    let mut abandoned = DropGuard::new((connector, generation), |(c, generation)| {
+        c.forget_after_timeout(*generation);
+    });
+    let result = op(&mut conn).await;
+    abandoned.disarm();
     if let Err(err) = &result {
-        connector.forget_after(err).await;
+        connector.forget_after(err, generation).await;
     }
     Ok(result?)
 }

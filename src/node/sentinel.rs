@@ -73,7 +73,7 @@ impl script_call::Connector for Shared {
     /// Forgets the master after a failure that may mean it is no longer the master (its
     /// connection broke, it was demoted, it refuses writes), so that the next call asks the
     /// sentinels again.
-    async fn forget_after(&self, err: &RedisError) {
+    async fn forget_after(&self, err: &RedisError, generation: u64) {
         if err.is_io_error()
             || err.is_connection_dropped()
             || err.is_unrecoverable_error()
@@ -82,7 +82,7 @@ impl script_call::Connector for Shared {
                 Some("READONLY" | "MASTERDOWN" | "LOADING" | "NOAUTH" | "WRONGPASS" | "NOREPLICAS")
             )
         {
-            self.conn.forget().await;
+            self.conn.forget(generation).await;
         }
     }
 

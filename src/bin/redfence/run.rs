@@ -21,6 +21,11 @@ use crate::waiting::Waiting;
 /// How many attempts a lock gets when nodes failed (rather than refused), whatever `--wait`.
 const MIN_ATTEMPTS: u32 = 3;
 
+/// How long a fencing counter that keeps failing (not only timing out) is retried within
+/// `--wait`: long enough for a counter's server to restart, short enough that a lasting error
+/// (bad credentials, a missing table) does not take and drop the lock for the whole wait.
+const COUNTER_PATIENCE: Duration = Duration::from_secs(30);
+
 /// Why a `using()` scope ended without the command's exit code.
 enum Stop {
     /// The lock was not acquired.
@@ -84,6 +89,8 @@ pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
         shell: args.shell,
     };
     let mut attempts: u32 = 0;
+    // Since when every attempt has failed on the fencing counter, if the last one did.
+    let mut counter_failing_since: Option<Instant> = None;
     loop {
         let scope = Scope {
             spec: &spec,
@@ -114,13 +121,22 @@ pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
         // --wait alone.
         let unreachable = !matches!(error, Error::Contended { .. });
         let few = unreachable && attempts < MIN_ATTEMPTS;
-        // A counter that could not issue a token (the lock was released: fail closed): a slow
-        // batch (a timeout, or the lock's validity spent) is retried within --wait, as an
-        // unreachable node is; any other counter error (refused, bad credentials, a missing
-        // table) gets the few attempts only, so that a lasting one ends the run.
+        // A counter that could not issue a token (the lock was released: fail closed) is
+        // retried within --wait, as an unreachable node is: a slow batch, or a counter that
+        // restarts. One that has failed for COUNTER_PATIENCE in a row (bad credentials, a
+        // missing table) ends the run.
+        let counter_failed = matches!(error, Error::Fencing(_));
+        let failing_since = *counter_failing_since.get_or_insert_with(Instant::now);
+        if !counter_failed {
+            counter_failing_since = None;
+        }
         let retry = match &error {
-            Error::Fencing(FencingError::Timeout(_) | FencingError::LockExpired) => in_time || few,
-            Error::Fencing(_) => few,
+            Error::Fencing(FencingError::Counter(_))
+                if Instant::now() - failing_since >= COUNTER_PATIENCE =>
+            {
+                false
+            }
+            Error::Fencing(_) => in_time || few,
             _ if error.is_retryable() => in_time || few,
             _ => false,
         };
