@@ -193,7 +193,7 @@ impl<T: Clone + Send + 'static> Cached<T> {
                 return Ok(current.clone());
             }
             if let Some((at, why)) = &slot.failed
-                && *at >= asked
+                && *at > asked
             {
                 return Err(RedisError::from((
                     redis::ErrorKind::Io,
@@ -311,4 +311,91 @@ pub(crate) fn eviction_policy_on<C: Connector>(
 ) -> BoxFuture<'static, Result<String, NodeFailure>> {
     let connector = Arc::clone(connector);
     Box::pin(async move { on(&*connector, async |conn| eviction_policy(conn).await).await })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A `make` that counts its calls and, after `delay`, fails or returns the call's number.
+    fn maker(
+        calls: &Arc<AtomicU32>,
+        delay: Duration,
+        fail: bool,
+    ) -> impl FnOnce() -> BoxFuture<'static, Result<u32, RedisError>> + Send + 'static {
+        let calls = Arc::clone(calls);
+        move || {
+            Box::pin(async move {
+                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                tokio::time::sleep(delay).await;
+                if fail {
+                    Err(RedisError::from((redis::ErrorKind::Io, "refused")))
+                } else {
+                    Ok(n)
+                }
+            })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn callers_waiting_on_a_failed_attempt_share_its_error() {
+        let cached = Arc::new(Cached::<u32>::new(Duration::from_secs(1)));
+        let calls = Arc::new(AtomicU32::new(0));
+        let waiting: Vec<_> = (0..5)
+            .map(|_| {
+                let (cached, make) = (
+                    Arc::clone(&cached),
+                    maker(&calls, Duration::from_millis(100), true),
+                );
+                tokio::spawn(async move { cached.get_or_make(make).await })
+            })
+            .collect();
+        for caller in waiting {
+            assert!(caller.await.expect("task").is_err());
+        }
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            1,
+            "one attempt for five callers"
+        );
+        // A caller that comes after the failure tries again.
+        let made = cached
+            .get_or_make(maker(&calls, Duration::ZERO, false))
+            .await;
+        assert_eq!(made.expect("made"), (1, 2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_is_forgotten_only_by_its_own_generation() {
+        let cached = Cached::<u32>::new(Duration::from_secs(1));
+        let calls = Arc::new(AtomicU32::new(0));
+        let (first, _) = cached
+            .get_or_make(maker(&calls, Duration::ZERO, false))
+            .await
+            .expect("made");
+        cached.forget(first).await;
+        let (second, conn) = cached
+            .get_or_make(maker(&calls, Duration::ZERO, false))
+            .await
+            .expect("made again");
+        assert_eq!((second, conn), (2, 2));
+        // A late forget for the first connection leaves the second alone.
+        cached.forget(first).await;
+        cached.try_forget(first);
+        let again = cached
+            .get_or_make(maker(&calls, Duration::ZERO, false))
+            .await
+            .expect("cached");
+        assert_eq!(again, (2, 2));
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        cached.try_forget(second);
+        let third = cached
+            .get_or_make(maker(&calls, Duration::ZERO, false))
+            .await
+            .expect("made a third time");
+        assert_eq!(third, (3, 3));
+    }
 }
