@@ -146,14 +146,8 @@ async fn discovery_longer_than_a_node_timeout_still_connects() {
     let cluster = RedisCluster::start();
     let mut proxies = Vec::new();
     for seed in cluster.seeds() {
-        let port: u16 = seed
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.trim_end_matches('/').parse().ok())
-            .expect("port");
-        let proxy = support::proxy::Proxy::start(port).await;
-        proxy.set(support::proxy::Mode::Delay(Duration::from_millis(40)));
-        proxies.push(proxy);
+        let delay = support::proxy::Mode::Delay(Duration::from_millis(40));
+        proxies.push(support::proxy::Proxy::in_front_of(&seed, delay).await);
     }
     let far = Redlock::builder()
         .node(NodeAddr::cluster(proxies.iter().map(|p| p.url())))

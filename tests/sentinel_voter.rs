@@ -117,14 +117,8 @@ async fn discovery_longer_than_a_node_timeout_still_connects() {
     let group = SentinelGroup::start();
     let mut proxies = Vec::new();
     for url in group.urls() {
-        let port: u16 = url
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .expect("port");
-        let proxy = support::proxy::Proxy::start(port).await;
-        proxy.set(support::proxy::Mode::Delay(Duration::from_millis(40)));
-        proxies.push(proxy);
+        let delay = support::proxy::Mode::Delay(Duration::from_millis(40));
+        proxies.push(support::proxy::Proxy::in_front_of(&url, delay).await);
     }
     let far = Redlock::builder()
         .node(NodeAddr::sentinel(

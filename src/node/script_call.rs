@@ -143,14 +143,15 @@ pub(crate) trait Connector: Send + Sync + 'static {
 #[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
 pub(crate) struct Cached<T> {
     slot: Arc<tokio::sync::Mutex<Slot<T>>>,
-    made: Arc<std::sync::atomic::AtomicU64>,
     connect_timeout: std::time::Duration,
 }
 
 /// What [`Cached`] holds.
 struct Slot<T> {
-    /// The connection and its generation (each one made gets the next).
+    /// The connection and its generation.
     current: Option<(u64, T)>,
+    /// How many connections were made: the generation of the last one.
+    made: u64,
     /// The last failed attempt: when it ended, and why. Callers that were already waiting
     /// for it get its error instead of trying again one after the other.
     failed: Option<(tokio::time::Instant, String)>,
@@ -163,9 +164,9 @@ impl<T: Clone + Send + 'static> Cached<T> {
         Cached {
             slot: Arc::new(tokio::sync::Mutex::new(Slot {
                 current: None,
+                made: 0,
                 failed: None,
             })),
-            made: Arc::default(),
             connect_timeout,
         }
     }
@@ -184,8 +185,7 @@ impl<T: Clone + Send + 'static> Cached<T> {
         {
             return Ok(current.clone());
         }
-        let (slot, made) = (Arc::clone(&self.slot), Arc::clone(&self.made));
-        let timeout = self.connect_timeout;
+        let (slot, timeout) = (Arc::clone(&self.slot), self.connect_timeout);
         let asked = tokio::time::Instant::now();
         let task = tokio::spawn(async move {
             let mut slot = slot.lock().await;
@@ -210,10 +210,10 @@ impl<T: Clone + Send + 'static> Cached<T> {
             };
             match made_now {
                 Ok(conn) => {
-                    let generation = made.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-                    slot.current = Some((generation, conn.clone()));
+                    slot.made += 1;
+                    slot.current = Some((slot.made, conn.clone()));
                     slot.failed = None;
-                    Ok((generation, conn))
+                    Ok((slot.made, conn))
                 }
                 Err(err) => {
                     slot.failed = Some((tokio::time::Instant::now(), err.to_string()));
@@ -229,27 +229,28 @@ impl<T: Clone + Send + 'static> Cached<T> {
     /// Drops the connection of `generation` if it is still the current one (a newer one
     /// stands): the next call makes a new one.
     pub(crate) async fn forget(&self, generation: u64) {
-        let mut slot = self.slot.lock().await;
-        if slot
-            .current
-            .as_ref()
-            .is_some_and(|(current, _)| *current == generation)
-        {
-            slot.current = None;
-        }
+        self.slot.lock().await.forget(generation);
     }
 
     /// Drops the connection of `generation` if it is still the current one and not being
     /// replaced right now (a newer connection stands). Does not block.
     #[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
     pub(crate) fn try_forget(&self, generation: u64) {
-        if let Ok(mut slot) = self.slot.try_lock()
-            && slot
-                .current
-                .as_ref()
-                .is_some_and(|(current, _)| *current == generation)
+        if let Ok(mut slot) = self.slot.try_lock() {
+            slot.forget(generation);
+        }
+    }
+}
+
+impl<T> Slot<T> {
+    /// Drops the connection of `generation`, if it is the current one.
+    fn forget(&mut self, generation: u64) {
+        if self
+            .current
+            .as_ref()
+            .is_some_and(|(current, _)| *current == generation)
         {
-            slot.current = None;
+            self.current = None;
         }
     }
 }

@@ -76,6 +76,19 @@ impl Proxy {
         }
     }
 
+    /// A proxy in front of the server at `url` (`redis://host:port`, loopback), doing `mode`
+    /// from the start.
+    pub async fn in_front_of(url: &str, mode: Mode) -> Proxy {
+        let port = url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.trim_end_matches('/').parse().ok())
+            .expect("a redis://host:port URL");
+        let proxy = Proxy::start(port).await;
+        proxy.set(mode);
+        proxy
+    }
+
     /// The proxy's URL, to give to the builder instead of the node's.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)

@@ -125,17 +125,15 @@ pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
         // retried within --wait, as an unreachable node is: a slow batch, or a counter that
         // restarts. One that has failed for COUNTER_PATIENCE in a row (bad credentials, a
         // missing table) ends the run.
-        let counter_failed = matches!(error, Error::Fencing(_));
-        let failing_since = *counter_failing_since.get_or_insert_with(Instant::now);
-        if !counter_failed {
+        if matches!(error, Error::Fencing(_)) {
+            counter_failing_since.get_or_insert_with(Instant::now);
+        } else {
             counter_failing_since = None;
         }
+        let patience_spent =
+            counter_failing_since.is_some_and(|since| since.elapsed() >= COUNTER_PATIENCE);
         let retry = match &error {
-            Error::Fencing(FencingError::Counter(_))
-                if Instant::now() - failing_since >= COUNTER_PATIENCE =>
-            {
-                false
-            }
+            Error::Fencing(FencingError::Counter(_)) if patience_spent => false,
             Error::Fencing(_) => in_time || few,
             _ if error.is_retryable() => in_time || few,
             _ => false,
