@@ -16,6 +16,7 @@ use crate::clock;
 use crate::error::{ConfigError, Error};
 use crate::guard::Finishing;
 use crate::lock::Lock;
+use crate::retry::Backoff;
 
 pub(super) async fn run<T, E, F, Fut>(inner: &Arc<Inner>, mut routine: F) -> Result<T, E>
 where
@@ -62,7 +63,12 @@ async fn campaign(inner: &Inner) -> Result<Lock, Error> {
 /// started together drift apart instead of trying at the same instants forever, where each
 /// node could see them in a different order and none win a majority (a split vote).
 fn jittered(period: Duration) -> Duration {
-    period.mul_f64(1.0 + rand::random::<f64>() * JITTER)
+    // The crate's fixed schedule, centred on 1.1 × period, ± 0.1 × period.
+    let half = period.mul_f64(JITTER / 2.0);
+    Backoff::fixed(period + half, half)
+        .delays()
+        .next()
+        .unwrap_or(period)
 }
 
 /// The largest share of a retry period added as jitter.

@@ -149,20 +149,17 @@ impl Job {
     pub async fn terminate(&mut self, grace: Duration) -> Result<ExitStatus, Failure> {
         let deadline = Instant::now() + grace;
         self.signal(Sig::SIGTERM);
-        let status = match tokio::time::timeout_at(deadline, self.child.wait()).await {
-            Ok(status) => status,
+        let status = match tokio::time::timeout_at(deadline, self.wait()).await {
+            Ok(status) => status?,
             Err(_) => {
                 tracing::warn!(
                     ?grace,
                     "the command did not stop on SIGTERM; sending SIGKILL"
                 );
                 self.send(Sig::SIGKILL);
-                self.child.wait().await
+                self.wait().await?
             }
         };
-        let status = status.map_err(|err| {
-            Failure::new(exit::SOFTWARE, format!("waiting for the command: {err}"))
-        })?;
         self.stop_the_rest(deadline.saturating_duration_since(Instant::now()))
             .await;
         Ok(status)
