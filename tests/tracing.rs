@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redfence::{Error, MemoryCounter};
-use support::{Servers, TestRedlock};
+use support::{Servers, TestRedlock, eventually};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Level, Subscriber};
@@ -219,6 +219,16 @@ async fn a_nodes_log_lines_name_the_node() {
     servers.restart(0);
     let lock = redlock.acquire(&["b"], Duration::from_secs(5)).await;
     lock.expect("acquire").release().await.expect("release");
+    // The lock came from nodes 1 and 2: node 0's queue may not have run its call yet.
+    let retried = || {
+        let events = capture.events.lock().expect("events");
+        events.iter().any(|(fields, _)| {
+            fields
+                .get("message")
+                .is_some_and(|m| m.contains("retrying the batch"))
+        })
+    };
+    eventually(retried).await;
 
     let events = capture.events.lock().expect("events").clone();
     let (_, spans) = events
