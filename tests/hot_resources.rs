@@ -272,8 +272,15 @@ async fn fair_mode_serves_waiters_of_several_processes_in_arrival_order() {
             tokio::time::sleep(Duration::from_millis(5)).await;
             lock.release().await.expect("release");
         }));
-        // Far longer than a waiter needs to take its place: waiter i is ahead of i + 1.
-        tokio::time::sleep(Duration::from_millis(40)).await;
+        // Waiter i has its place on every node before waiter i + 1 starts. (Within a
+        // process, only the head of its own line stands in the nodes' line: four at most.)
+        let places = (i as i64 + 1).min(4);
+        let in_line =
+            || (0..3).all(|n| servers.cmd::<i64>(n, &["ZCARD", "fair:redfence:queue"]) == places);
+        assert!(
+            eventually(in_line).await,
+            "waiter {i} did not take its place"
+        );
     }
     first.release().await.expect("release");
     for waiter in waiters {

@@ -77,11 +77,20 @@ async fn inspect_reports_each_node_and_the_quorum_view() {
 #[tokio::test]
 async fn force_release_deletes_whoever_holds_it() {
     let servers = Servers::start(3);
-    let redlock = servers.redlock();
+    let redlock = servers
+        .builder()
+        .node_timeout(Duration::from_millis(500))
+        .build()
+        .expect("valid config");
     let lock = redlock
         .acquire(&["job"], Duration::from_secs(20))
         .await
         .expect("acquire");
+    // The acquire returns at the majority: let the last node's call land first.
+    assert!(
+        eventually(|| servers.holders("job", lock.token(), 0..3).len() == 3).await,
+        "the key reached every node"
+    );
     let before = redlock.force_release(&["job"]).await.expect("force");
     assert_eq!(before.present(), 3, "it reports what it deleted");
     for i in 0..3 {
@@ -119,6 +128,7 @@ async fn check_warns_about_a_node_that_may_evict_lock_keys() {
                 v.push(e.clone());
             }
         })
+        .node_timeout(Duration::from_millis(500))
         .build()
         .expect("config");
     let checks = redlock.check().await;

@@ -16,7 +16,14 @@ async fn one_or_two_of_five_down_still_lock() {
         for i in 0..down {
             servers.kill(i);
         }
-        let redlock = servers.builder().retry_count(0).build().expect("config");
+        // Patient nodes: every live node's first call must land (no retry), on a new
+        // connection.
+        let redlock = servers
+            .builder()
+            .retry_count(0)
+            .node_timeout(Duration::from_millis(500))
+            .build()
+            .expect("config");
         let mut lock = redlock
             .acquire(&["job"], TTL)
             .await
@@ -34,7 +41,13 @@ async fn three_of_five_down_fails_closed_and_leaves_nothing() {
     for i in 0..3 {
         servers.kill(i);
     }
-    let redlock = servers.builder().retry_count(2).build().expect("config");
+    // The two live nodes must grant (errors: the three dead ones alone), on new connections.
+    let redlock = servers
+        .builder()
+        .retry_count(2)
+        .node_timeout(Duration::from_millis(500))
+        .build()
+        .expect("config");
     let err = redlock
         .acquire(&["job"], TTL)
         .await

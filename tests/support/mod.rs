@@ -30,19 +30,23 @@ impl TestRedlock for Servers {
 }
 
 /// Takes and releases a lock once, so that every node's connection is open and its scripts
-/// are loaded before a test measures or injects anything.
+/// are loaded before a test measures or injects anything. Through `using()`, whose release
+/// waits for every node to answer (or time out), and a node runs a lock's calls in order: each
+/// node has run the acquire when it returns, not only the majority that granted it.
 /// Retries for up to [`DEADLINE`]: on a loaded machine a first connection can miss a short
 /// node timeout.
 pub async fn warm_up(redlock: &Redlock) {
     let deadline = Instant::now() + DEADLINE;
-    let lock = loop {
-        match redlock.acquire(&["warm"], Duration::from_secs(10)).await {
-            Ok(lock) => break lock,
+    loop {
+        let scope = redlock.using(&["warm"], Duration::from_secs(10), |_| async {
+            Ok::<(), redfence::Error>(())
+        });
+        match scope.await {
+            Ok(()) => return,
             Err(err) if err.is_retryable() && Instant::now() < deadline => {}
-            Err(err) => panic!("warm-up acquire: {err}"),
+            Err(err) => panic!("warm-up: {err}"),
         }
-    };
-    lock.release().await.expect("warm-up release");
+    }
 }
 
 /// Polls `cond` until it holds or [`DEADLINE`] passes; returns whether it held.

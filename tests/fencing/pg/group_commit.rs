@@ -3,11 +3,13 @@
 //! cancelled acquisition, repeats and multi-resource requests in one batch.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::future::BoxFuture;
 use redfence::tokio_postgres::Client;
-use redfence::{Error, FencingCounter, PostgresCounter};
+use redfence::{BoxError, Error, FencingCounter, PostgresCounter};
 use tokio::task::JoinHandle;
 
 use super::next;
@@ -64,14 +66,53 @@ async fn all_granted(servers: &Servers, resources: &[&str]) -> bool {
     .await
 }
 
-fn patient(servers: &Servers, counter: PostgresCounter) -> redfence::Redlock {
-    servers
+fn patient(servers: &Servers, counter: PostgresCounter) -> (redfence::Redlock, Asked) {
+    let asked = Asked::default();
+    let counter = Counting {
+        inner: counter.timeout(Duration::from_secs(20)),
+        asked: asked.clone(),
+    };
+    let redlock = servers
         .builder()
-        .fencing(counter.timeout(Duration::from_secs(20)))
+        .fencing(counter)
         .fencing_timeout(Duration::from_secs(20))
         .node_timeout(Duration::from_millis(500))
         .build()
-        .expect("config")
+        .expect("config");
+    (redlock, asked)
+}
+
+/// How many fences the acquisitions have asked the counter for.
+#[derive(Clone, Default)]
+struct Asked(Arc<AtomicUsize>);
+
+impl Asked {
+    fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `n` more fences than `since` were asked for: the acquisitions' requests
+    /// are in the counter's queue (a key on every node says only that the quorum was met).
+    async fn reached(&self, since: usize, n: usize) -> bool {
+        eventually(|| self.count() >= since + n).await
+    }
+}
+
+/// A `PostgresCounter` that counts the fences asked of it.
+struct Counting {
+    inner: PostgresCounter,
+    asked: Asked,
+}
+
+impl FencingCounter for Counting {
+    fn next_fence<'a>(&'a self, resources: &'a [String]) -> BoxFuture<'a, Result<u64, BoxError>> {
+        self.asked.0.fetch_add(1, Ordering::SeqCst);
+        self.inner.next_fence(resources)
+    }
+
+    fn check_resource(&self, resource: &str) -> Result<(), String> {
+        self.inner.check_resource(resource)
+    }
 }
 
 /// Takes and releases each resource once (so its row exists): the token each got.
@@ -178,7 +219,7 @@ async fn a_batch_cut_off_by_a_crash_fails_every_lock_in_it() {
     let servers = Servers::start(3);
     let mut pg = Postgres::start();
     let counter = PostgresCounter::connect(&pg.url()).expect("config");
-    let redlock = patient(&servers, counter);
+    let (redlock, asked) = patient(&servers, counter);
     let batch: Vec<String> = (0..8).map(|i| format!("job:{i}")).collect();
     let primed: Vec<&str> = batch.iter().map(String::as_str).chain(["gate"]).collect();
     let mut handed_out = prime(&redlock, &primed).await;
@@ -186,6 +227,7 @@ async fn a_batch_cut_off_by_a_crash_fails_every_lock_in_it() {
     // Batch 1 (the gate) waits in the server; the eight queue behind it.
     let (gate, first) = gate_batch(&pg, &redlock).await;
     let held = hold_rows(&pg, &["job:3"]).await;
+    let since = asked.count();
     let cut: Vec<_> = batch
         .iter()
         .map(|r| {
@@ -197,6 +239,10 @@ async fn a_batch_cut_off_by_a_crash_fails_every_lock_in_it() {
     assert!(
         all_granted(&servers, &names).await,
         "the eight were not granted"
+    );
+    assert!(
+        asked.reached(since, 8).await,
+        "the eight did not ask for fences"
     );
     // Batch 1 commits; batch 2 (the eight together) then waits for job:3's row.
     gate.batch_execute("COMMIT").await.expect("commit");
@@ -246,12 +292,13 @@ async fn a_cancelled_acquisition_skips_its_token_and_spares_its_batch() {
     let servers = Servers::start(3);
     let pg = Postgres::start();
     let counter = PostgresCounter::connect(&pg.url()).expect("config");
-    let redlock = patient(&servers, counter);
+    let (redlock, asked) = patient(&servers, counter);
     let resources = ["c:1", "c:2", "c:3", "c:4", "gate"];
     let before = prime(&redlock, &resources).await;
 
     let (gate, first) = gate_batch(&pg, &redlock).await;
     let held = hold_rows(&pg, &["c:1"]).await;
+    let since = asked.count();
     let spawn = |r: &'static str| {
         let redlock = redlock.clone();
         tokio::spawn(async move { redlock.acquire(&[r], LONG).await })
@@ -259,6 +306,10 @@ async fn a_cancelled_acquisition_skips_its_token_and_spares_its_batch() {
     let cancelled = spawn("c:1");
     let others = [spawn("c:2"), spawn("c:3"), spawn("c:4")];
     assert!(all_granted(&servers, &["c:1", "c:2", "c:3", "c:4"]).await);
+    assert!(
+        asked.reached(since, 4).await,
+        "the four did not ask for fences"
+    );
     gate.batch_execute("COMMIT").await.expect("commit");
     first
         .await
