@@ -1,6 +1,7 @@
 //! A whole Redis Cluster as one voter: three small clusters vote as three nodes, losing one
 //! whole cluster keeps locks working, a slot migration (ASK, then MOVED) during a hold keeps
-//! the lock, and a lock across hash slots is refused before any traffic.
+//! the lock, a member that hangs while its slot moves is left behind, and a lock across hash
+//! slots is refused before any traffic.
 #![cfg(feature = "cluster")]
 
 mod support;
@@ -167,6 +168,44 @@ async fn discovery_longer_than_a_node_timeout_still_connects() {
     };
     assert_eq!(cluster.get("job").as_deref(), Some(lock.token()));
     lock.release().await.expect("release");
+}
+
+/// A member that hangs (paused, or cut off without a reset) while its slot moves to another
+/// member, as a failover does: the cluster connection has no response timeout of its own and
+/// learns of a new slot owner only from a reply, which a hung member never sends. A call
+/// given up at `node_timeout` now drops the connection, and the next one maps the slots
+/// again. Before, every call went to the hung member, for good.
+#[tokio::test]
+async fn a_hung_member_whose_slot_moved_is_left_behind() {
+    let cluster = RedisCluster::start();
+    let redlock = Redlock::builder()
+        .node(NodeAddr::cluster(cluster.seeds()))
+        .node_timeout(Duration::from_millis(300))
+        .retry_count(0)
+        .build()
+        .expect("config");
+    // The connection is made and the slot map cached, with "moved" on its first owner.
+    let lock = redlock.acquire(&["moved"], TTL).await.expect("acquire");
+    lock.release().await.expect("release");
+    let hung = cluster.take_slot_from_hung_owner("moved");
+
+    let deadline = std::time::Instant::now() + support::DEADLINE;
+    let lock = loop {
+        match redlock.acquire(&["moved"], TTL).await {
+            Ok(lock) => break lock,
+            Err(err) if std::time::Instant::now() < deadline && err.is_retryable() => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(err) => panic!("the voter stayed with the hung member: {err}"),
+        }
+    };
+    assert_eq!(
+        cluster.servers.get(1 - hung, "moved").as_deref(),
+        Some(lock.token()),
+        "locked on the slot's new owner"
+    );
+    lock.release().await.expect("release");
+    cluster.servers.resume(hung);
 }
 
 /// On Cluster voters the election's lock and leader record must share a slot (the name is

@@ -15,7 +15,8 @@ use crate::error::NodeFailure;
 
 /// One Redis Cluster, reached through its seed nodes, voting once. The connection is made on
 /// first use and shared; redis-rs refreshes the slot map after `MOVED`, reconnects to
-/// members, and finds the new master after a failover.
+/// members, and finds the new master after a failover. A call that times out drops it (see
+/// `forget_after_timeout`).
 pub(crate) struct ClusterNode {
     addr: String,
     shared: Arc<Shared>,
@@ -25,6 +26,11 @@ struct Shared {
     client: ClusterClient,
     conn: script_call::Cached<ClusterConnection>,
 }
+
+/// How many connect timeouts making the cluster connection may take: the seeds, then the
+/// masters of the slot map they return, each step bounded by the connect timeout (a hung
+/// member costs one in each), and the round trips in between.
+const DISCOVERY_STEPS: u32 = 3;
 
 impl ClusterNode {
     /// A voter over the cluster that `seeds` (its members' URLs) belong to; `addr` names it
@@ -43,7 +49,7 @@ impl ClusterNode {
             addr,
             shared: Arc::new(Shared {
                 client,
-                conn: script_call::Cached::new(connect_timeout),
+                conn: script_call::Cached::new(connect_timeout * DISCOVERY_STEPS),
             }),
         })
     }
@@ -70,6 +76,15 @@ impl script_call::Connector for Shared {
         ) {
             self.conn.forget(generation).await;
         }
+    }
+
+    /// A member that does not answer within `node_timeout` may be hung, or cut off, while a
+    /// failover gives its slots to another: the cluster client learns of a new owner only
+    /// from a reply (`MOVED`), which a hung member never sends, and its connections have no
+    /// response timeout of their own. So the next call connects afresh and maps the slots
+    /// again. When the connection is being made right now, that attempt stands.
+    fn forget_after_timeout(&self, generation: u64) {
+        self.conn.try_forget(generation);
     }
 }
 

@@ -139,6 +139,25 @@ impl RedisCluster {
         }
     }
 
+    /// Gives `key`'s slot (holding no keys) to the other member without its owner, as a
+    /// failover would when the owner hangs: the owner is paused (SIGSTOP) and the other
+    /// member takes the slot on its own (an import ended there, which bumps its epoch).
+    /// Returns the paused member, for [`Servers::resume`].
+    pub fn take_slot_from_hung_owner(&self, key: &str) -> usize {
+        let from = self.owner(key);
+        let to = 1 - from;
+        let slot: i64 = self.servers.cmd(from, &["CLUSTER", "KEYSLOT", key]);
+        let slot = slot.to_string();
+        self.servers.cmd::<()>(
+            to,
+            &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &self.ids[from]],
+        );
+        self.servers.pause(from);
+        self.servers
+            .cmd::<()>(to, &["CLUSTER", "SETSLOT", &slot, "NODE", &self.ids[to]]);
+        from
+    }
+
     /// Kills both members: the whole cluster is gone.
     pub fn kill(&mut self) {
         self.servers.kill(0);
