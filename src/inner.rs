@@ -145,20 +145,9 @@ impl Shared {
     }
 }
 
-/// The endings of the keys redfence keeps beside a lock key `K` (`K:redfence:queue` and
-/// `K:redfence:alive`, the fair queue; `K:redfence:waiting`, the waiting mark;
-/// `K:redfence:probe`, written and deleted by a connection's probe, `node/native.rs`). A lock
-/// key may not end so: it could be another lock's helper key.
-const RESERVED_SUFFIXES: [&str; 4] = [
-    ":redfence:waiting",
-    ":redfence:queue",
-    ":redfence:alive",
-    ":redfence:probe",
-];
-
 /// The reserved ending `key` has, if any.
 fn reserved_suffix(key: &str) -> Option<&'static str> {
-    RESERVED_SUFFIXES
+    crate::helper_keys::RESERVED
         .into_iter()
         .find(|suffix| key.ends_with(suffix))
 }

@@ -75,6 +75,7 @@ mod events;
 pub mod fence;
 mod guard;
 mod hand_off;
+mod helper_keys;
 mod inner;
 mod inspect;
 mod lock;

@@ -5,9 +5,9 @@
 
 use redis::Value;
 
-use super::native::{PROBE, WAITING};
 use super::{Op, Request};
 use crate::error::NodeFailure;
+use crate::helper_keys::{PROBE, WAITING};
 
 /// How a fake server answers `SET key value NX GET`.
 #[derive(Clone, Copy, PartialEq)]

@@ -29,12 +29,7 @@ use redis::{Cmd, Value};
 use super::pipeline::Reply;
 use super::{Op, Request};
 use crate::error::NodeFailure;
-
-/// The key suffix and the shortest time (ms) of a waiting mark, as in `scripts/batch.lua`.
-pub(super) const WAITING: &str = ":redfence:waiting";
-const MIN_WAIT_MARK_MS: u64 = 10_000;
-/// The suffix of the keys the probe writes and deletes (reserved: no lock key may end so).
-pub(crate) const PROBE: &str = ":redfence:probe";
+use crate::helper_keys::{MIN_WAIT_MARK_MS, PROBE, WAITING};
 
 /// Which of `runs` go as native commands: plain single-key acquires whose key no operation
 /// that goes in the script touches (so that every key's operations keep their order).

@@ -1,0 +1,33 @@
+//! The keys redfence keeps beside a lock key `K`, by their endings: one list for the Rust code
+//! and a test that `scripts/batch.lua` spells them the same.
+
+/// `K:redfence:waiting`, the waiting mark: a refused acquire or a fair waiter sets it, and the
+/// release that deletes it publishes on `redfence:released:K` (see `scripts/batch.lua`).
+pub(crate) const WAITING: &str = ":redfence:waiting";
+/// `K:redfence:queue`, the fair queue (waiters by ticket).
+pub(crate) const QUEUE: &str = ":redfence:queue";
+/// `K:redfence:alive`, the fair queue's leases (waiters by the time their lease ends).
+pub(crate) const ALIVE: &str = ":redfence:alive";
+/// `K:<token>:redfence:probe`, written and deleted by a connection's probe (`node/native.rs`).
+pub(crate) const PROBE: &str = ":redfence:probe";
+
+/// Every reserved ending: a lock key may not end so, as it could be another lock's helper key.
+pub(crate) const RESERVED: [&str; 4] = [WAITING, QUEUE, ALIVE, PROBE];
+
+/// The shortest time a waiting mark lasts (ms): well beyond a retry delay.
+pub(crate) const MIN_WAIT_MARK_MS: u64 = 10_000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_batch_script_uses_the_same_endings_and_minimum() {
+        let script = include_str!("scripts/batch.lua");
+        let declared =
+            format!("local QUEUE, ALIVE, WAITING = \"{QUEUE}\", \"{ALIVE}\", \"{WAITING}\"");
+        assert!(script.contains(&declared), "batch.lua declares {declared}");
+        let minimum = format!("local MIN_WAIT_MARK = {MIN_WAIT_MARK_MS}\n");
+        assert!(script.contains(&minimum), "batch.lua declares {minimum}");
+    }
+}
