@@ -187,7 +187,19 @@ async fn a_hung_member_whose_slot_moved_is_left_behind() {
     // The connection is made and the slot map cached, with "moved" on its first owner.
     let lock = redlock.acquire(&["moved"], TTL).await.expect("acquire");
     lock.release().await.expect("release");
+    let elsewhere = (0..)
+        .map(|i| format!("elsewhere:{i}"))
+        .find(|key| cluster.owner(key) != cluster.owner("moved"))
+        .expect("a key on the other member");
     let hung = cluster.take_slot_from_hung_owner("moved");
+    // The other member's slots keep working while the connection is made again.
+    let err = redlock.acquire(&["moved"], TTL).await.expect_err("hung");
+    assert!(err.is_retryable(), "{err}");
+    let lock = redlock
+        .acquire(&[elsewhere.as_str()], TTL)
+        .await
+        .expect("the member that answers still locks");
+    lock.release().await.expect("release");
 
     let deadline = std::time::Instant::now() + support::DEADLINE;
     let lock = loop {

@@ -2,7 +2,7 @@
 //! and after a failover during a hold the voter follows the new master, which still holds the
 //! lock when it was replicated before the failover (the documented behaviour; a grant not yet
 //! replicated is forgotten, like a restart without persistence); a master that hangs is left
-//! for the one the sentinels promote.
+//! for the one the sentinels promote, and a sentinel that hangs is passed over.
 #![cfg(feature = "sentinel")]
 
 mod support;
@@ -137,6 +137,32 @@ async fn discovery_longer_than_a_node_timeout_still_connects() {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(err) => panic!("never connected through far-away sentinels: {err}"),
+        }
+    };
+    assert_eq!(group.servers.get(0, "job").as_deref(), Some(lock.token()));
+    lock.release().await.expect("release");
+}
+
+/// A hung sentinel (paused: it accepts connections and never answers) among three: the voter
+/// asks the others and locks.
+#[tokio::test]
+async fn a_hung_sentinel_is_passed_over() {
+    let group = SentinelGroup::start();
+    group.pause_sentinel(0);
+    let redlock = Redlock::builder()
+        .node(NodeAddr::sentinel(group.urls(), MASTER))
+        .node_timeout(Duration::from_millis(300))
+        .retry_count(0)
+        .build()
+        .expect("config");
+    let deadline = Instant::now() + support::DEADLINE;
+    let lock = loop {
+        match redlock.acquire(&["job"], TTL).await {
+            Ok(lock) => break lock,
+            Err(err) if Instant::now() < deadline && err.is_retryable() => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(err) => panic!("never connected past the hung sentinel: {err}"),
         }
     };
     assert_eq!(group.servers.get(0, "job").as_deref(), Some(lock.token()));

@@ -15,8 +15,8 @@ use crate::error::NodeFailure;
 
 /// One Redis Cluster, reached through its seed nodes, voting once. The connection is made on
 /// first use and shared; redis-rs refreshes the slot map after `MOVED`, reconnects to
-/// members, and finds the new master after a failover. A call that times out drops it (see
-/// `forget_after_timeout`).
+/// members, and finds the new master after a failover. A call given up renews it in the
+/// background (see `given_up`).
 pub(crate) struct ClusterNode {
     addr: String,
     shared: Arc<Shared>,
@@ -81,10 +81,14 @@ impl script_call::Connector for Shared {
     /// A member that does not answer within `node_timeout` may be hung, or cut off, while a
     /// failover gives its slots to another: the cluster client learns of a new owner only
     /// from a reply (`MOVED`), which a hung member never sends, and its connections have no
-    /// response timeout of their own. So the next call connects afresh and maps the slots
-    /// again. When the connection is being made right now, that attempt stands.
-    fn forget_after_timeout(&self, generation: u64) {
-        self.conn.try_forget(generation);
+    /// response timeout of their own. So a new connection is made in the background (the
+    /// seeds asked for the slot map again) and takes over once made; the other members keep
+    /// answering on the current one meanwhile. One renewal per connect bound at most.
+    fn given_up(&self, generation: u64) {
+        let client = self.client.clone();
+        self.conn.renew(generation, move || async move {
+            client.get_async_connection().await
+        });
     }
 }
 

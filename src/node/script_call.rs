@@ -121,7 +121,7 @@ pub(crate) trait Connector: Send + Sync + 'static {
     type Conn: ConnectionLike + Send;
 
     /// The shared connection, made on first use, with its generation (see
-    /// [`forget_after_timeout`](Self::forget_after_timeout)).
+    /// [`given_up`](Self::given_up)).
     fn connection(&self) -> impl Future<Output = Result<(u64, Self::Conn), RedisError>> + Send;
 
     /// Drops the connection of `generation` (if still the current one) after `err`, if it is
@@ -129,16 +129,17 @@ pub(crate) trait Connector: Send + Sync + 'static {
     fn forget_after(&self, err: &RedisError, generation: u64) -> impl Future<Output = ()> + Send;
 
     /// A call on the connection of `generation` was given up before its answer (its
-    /// `node_timeout` passed, or its caller cancelled it): drops that connection, if it is
-    /// still the current one, when this kind of node recovers from a hung server only by
-    /// connecting afresh. Must not block (it runs on drop).
-    fn forget_after_timeout(&self, _generation: u64) {}
+    /// `node_timeout` passed, or its caller cancelled it): the server may be hung, and this
+    /// kind of node may recover only by connecting afresh (see [`Cached::try_forget`] and
+    /// [`Cached::renew`]). Must not block (it runs on drop).
+    fn given_up(&self, _generation: u64) {}
 }
 
 /// A connection made once and shared by a voter that finds its server through others (the
 /// sentinels, a cluster's seeds). Making it takes several round trips, more than one
 /// `node_timeout` when those servers are far away; it runs in a task of its own, bounded by
-/// the connect timeout, that a call given up at `node_timeout` does not abandon, so a later
+/// the time given to [`new`](Self::new), that a call given up at `node_timeout` does not
+/// abandon, so a later
 /// call finds the connection made.
 #[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
 pub(crate) struct Cached<T> {
@@ -155,17 +156,20 @@ struct Slot<T> {
     /// The last failed attempt: when it ended, and why. Callers that were already waiting
     /// for it get its error instead of trying again one after the other.
     failed: Option<(tokio::time::Instant, String)>,
+    /// When the last [`Cached::renew`] started.
+    renewed_at: Option<tokio::time::Instant>,
 }
 
 #[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
 impl<T: Clone + Send + 'static> Cached<T> {
-    /// Nothing made yet; `connect_timeout` bounds each making.
+    /// Nothing made yet; `connect_timeout` bounds each making (and spaces renewals).
     pub(crate) fn new(connect_timeout: std::time::Duration) -> Self {
         Cached {
             slot: Arc::new(tokio::sync::Mutex::new(Slot {
                 current: None,
                 made: 0,
                 failed: None,
+                renewed_at: None,
             })),
             connect_timeout,
         }
@@ -240,16 +244,62 @@ impl<T: Clone + Send + 'static> Cached<T> {
             slot.forget(generation);
         }
     }
+
+    /// Makes a new connection with `make`, in a task of its own, and puts it in place of the
+    /// connection of `generation` once made; calls go on with that one meanwhile (the members
+    /// of a cluster that answer keep answering), and a failed making leaves it in place. Only
+    /// when `generation` is still the current one and no renewal started within the connect
+    /// timeout (one under way included): a server that stays hung costs one renewal per
+    /// connect timeout, not one per call. Does not block; outside a Tokio runtime, does
+    /// nothing.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub(crate) fn renew<Fut>(&self, generation: u64, make: impl FnOnce() -> Fut + Send + 'static)
+    where
+        Fut: Future<Output = Result<T, RedisError>> + Send + 'static,
+    {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let Ok(mut slot) = self.slot.try_lock() else {
+            return;
+        };
+        let now = tokio::time::Instant::now();
+        let recent = slot
+            .renewed_at
+            .is_some_and(|at| now.duration_since(at) < self.connect_timeout);
+        if recent || !slot.holds(generation) {
+            return;
+        }
+        slot.renewed_at = Some(now);
+        drop(slot);
+        let (slot, timeout) = (Arc::clone(&self.slot), self.connect_timeout);
+        runtime.spawn(async move {
+            let Ok(Ok(conn)) = tokio::time::timeout(timeout, make()).await else {
+                return;
+            };
+            let mut slot = slot.lock().await;
+            // Not over a newer connection; in place of a forgotten one, as the next call
+            // would make.
+            if slot.current.is_none() || slot.holds(generation) {
+                slot.made += 1;
+                slot.current = Some((slot.made, conn));
+                slot.failed = None;
+            }
+        });
+    }
 }
 
 impl<T> Slot<T> {
-    /// Drops the connection of `generation`, if it is the current one.
-    fn forget(&mut self, generation: u64) {
-        if self
-            .current
+    /// Whether the current connection is that of `generation`.
+    fn holds(&self, generation: u64) -> bool {
+        self.current
             .as_ref()
             .is_some_and(|(current, _)| *current == generation)
-        {
+    }
+
+    /// Drops the connection of `generation`, if it is the current one.
+    fn forget(&mut self, generation: u64) {
+        if self.holds(generation) {
             self.current = None;
         }
     }
@@ -264,7 +314,7 @@ async fn on<C: Connector, T>(
     // A connect that failed left nothing to forget.
     let (generation, mut conn) = connector.connection().await?;
     let mut abandoned = DropGuard::new((connector, generation), |(c, generation)| {
-        c.forget_after_timeout(*generation);
+        c.given_up(*generation);
     });
     let result = op(&mut conn).await;
     abandoned.disarm();
@@ -398,5 +448,50 @@ mod tests {
             .await
             .expect("made a third time");
         assert_eq!(third, (3, 3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_serves_the_old_connection_until_the_new_one_is_made() {
+        let timeout = Duration::from_secs(1);
+        let cached = Cached::<u32>::new(timeout);
+        let calls = Arc::new(AtomicU32::new(0));
+        let first = cached
+            .get_or_make(maker(&calls, Duration::ZERO, false))
+            .await
+            .expect("made");
+        assert_eq!(first, (1, 1));
+        cached.renew(1, maker(&calls, Duration::from_millis(500), false));
+        // Under way: callers keep the first connection, and a second renewal does nothing.
+        cached.renew(1, maker(&calls, Duration::ZERO, false));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = cached
+            .get_or_make(maker(&calls, Duration::ZERO, false))
+            .await;
+        assert_eq!(now.expect("cached"), (1, 1));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = cached
+            .get_or_make(maker(&calls, Duration::ZERO, false))
+            .await;
+        assert_eq!(now.expect("renewed"), (2, 2));
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "one renewal");
+        // One per connect timeout, and never over a newer connection.
+        cached.renew(2, maker(&calls, Duration::ZERO, false));
+        cached.renew(1, maker(&calls, Duration::ZERO, false));
+        tokio::time::sleep(timeout).await;
+        cached.renew(1, maker(&calls, Duration::ZERO, false));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            2,
+            "none for an old generation"
+        );
+        // A failed renewal leaves the connection in place.
+        cached.renew(2, maker(&calls, Duration::ZERO, true));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        let now = cached
+            .get_or_make(maker(&calls, Duration::ZERO, false))
+            .await;
+        assert_eq!(now.expect("kept"), (2, 2));
     }
 }

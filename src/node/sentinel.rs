@@ -22,7 +22,10 @@ pub(crate) struct SentinelNode {
 }
 
 struct Shared {
-    client: Arc<Mutex<SentinelClient>>,
+    /// One client per sentinel, asked all at once: redis-rs's client over several sentinels
+    /// takes their answers in the order given and waits for the first however long, so one
+    /// hung sentinel (it accepts connections and never answers) would stop discovery.
+    clients: Vec<Arc<Mutex<SentinelClient>>>,
     conn: script_call::Cached<MultiplexedConnection>,
     connect_timeout: Duration,
 }
@@ -36,11 +39,28 @@ impl SentinelNode {
         addr: String,
         connect_timeout: Duration,
     ) -> Result<Self, RedisError> {
-        let client = SentinelClient::build(sentinels, master, None, SentinelServerType::Master)?;
+        if sentinels.is_empty() {
+            return Err(RedisError::from((
+                redis::ErrorKind::EmptySentinelList,
+                "a sentinel voter needs at least one sentinel",
+            )));
+        }
+        let clients = sentinels
+            .into_iter()
+            .map(|sentinel| {
+                let client = SentinelClient::build(
+                    vec![sentinel],
+                    master.clone(),
+                    None,
+                    SentinelServerType::Master,
+                )?;
+                Ok(Arc::new(Mutex::new(client)))
+            })
+            .collect::<Result<_, RedisError>>()?;
         Ok(SentinelNode {
             addr,
             shared: Arc::new(Shared {
-                client: Arc::new(Mutex::new(client)),
+                clients,
                 conn: script_call::Cached::new(connect_timeout),
                 connect_timeout,
             }),
@@ -54,18 +74,28 @@ impl script_call::Connector for Shared {
     /// The cached master connection, or a new one through the sentinels (asking them,
     /// checking the master's `ROLE`, connecting), made in a task of its own.
     async fn connection(&self) -> Result<(u64, MultiplexedConnection), RedisError> {
-        let client = Arc::clone(&self.client);
+        let clients = self.clients.clone();
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             // Every call is bounded by node_timeout; a response timeout would only race it.
             .set_response_timeout(None);
         self.conn
             .get_or_make(move || async move {
-                client
-                    .lock()
+                // The first sentinel whose master answers as a master wins; the others are
+                // dropped (a hung one included).
+                let asked = clients.into_iter().map(|client| {
+                    let config = config.clone();
+                    Box::pin(async move {
+                        client
+                            .lock()
+                            .await
+                            .get_async_connection_with_config(&config)
+                            .await
+                    })
+                });
+                futures::future::select_ok(asked)
                     .await
-                    .get_async_connection_with_config(&config)
-                    .await
+                    .map(|(conn, _)| conn)
             })
             .await
     }
@@ -91,7 +121,7 @@ impl script_call::Connector for Shared {
     /// response timeout of its own, so without this a hung master would be kept until TCP
     /// gives up, many minutes later.) When the connection is being made right now, that
     /// attempt stands.
-    fn forget_after_timeout(&self, generation: u64) {
+    fn given_up(&self, generation: u64) {
         self.conn.try_forget(generation);
     }
 }

@@ -98,7 +98,12 @@ impl Round {
 ///
 /// A later round of the same lock sends to those nodes only after that, so that on each node
 /// the lock's requests run in the order they were made: a release never overtakes the acquire
-/// it undoes (which would leave our key behind until its TTL), not even across a reconnect.
+/// it undoes (which would leave our key behind until its TTL). On a plain node this holds
+/// across a reconnect too (its queue sends a call given up before anything after it). A
+/// Cluster or Sentinel voter sends a call given up at `node_timeout` on a connection it then
+/// replaces: a hung server that resumes may run that acquire after the release that came on
+/// the new connection, and the key stays until its TTL there (availability, not safety: the
+/// token is ours alone).
 #[derive(Clone, Debug)]
 pub(crate) struct Settled {
     pending: Arc<[bool]>,

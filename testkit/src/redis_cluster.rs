@@ -142,12 +142,16 @@ impl RedisCluster {
     /// Gives `key`'s slot (holding no keys) to the other member without its owner, as a
     /// failover would when the owner hangs: the owner is paused (SIGSTOP) and the other
     /// member takes the slot on its own (an import ended there, which bumps its epoch).
-    /// Returns the paused member, for [`Servers::resume`].
+    /// Returns the paused member, for [`Servers::resume`]. The other member then waits a
+    /// minute, not the usual 2 s, before it finds itself cut off from the majority of the
+    /// two masters and refuses every call (`CLUSTERDOWN`).
     pub fn take_slot_from_hung_owner(&self, key: &str) -> usize {
         let from = self.owner(key);
         let to = 1 - from;
         let slot: i64 = self.servers.cmd(from, &["CLUSTER", "KEYSLOT", key]);
         let slot = slot.to_string();
+        self.servers
+            .cmd::<()>(to, &["CONFIG", "SET", "cluster-node-timeout", "60000"]);
         self.servers.cmd::<()>(
             to,
             &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &self.ids[from]],

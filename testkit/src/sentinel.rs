@@ -123,6 +123,17 @@ impl SentinelGroup {
         self.wait_for_promotion();
     }
 
+    /// Pauses sentinel `i` (SIGSTOP: it accepts connections, nothing answers); it is killed
+    /// with the group.
+    pub fn pause_sentinel(&self, i: usize) {
+        let pid = self.sentinels[i].1.id().to_string();
+        let status = Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -STOP {pid}");
+    }
+
     fn wait_for_promotion(&self) {
         let replica = self.servers.port(1);
         self.wait_until(|g| g.master_port() == Some(replica) && role(&g.servers, 1) == "master");
