@@ -119,8 +119,19 @@ impl Shared {
                 });
             }
         }
+        self.one_call_each(&keys)?;
+        Ok(Target {
+            keys,
+            resources: names.into(),
+            ttl,
+        })
+    }
+
+    /// Checks that every node can take `keys` in one call: a Cluster voter only when they
+    /// share a hash slot.
+    pub(crate) fn one_call_each(&self, keys: &[String]) -> Result<(), InvalidInput> {
         for (node, n) in self.nodes.iter().enumerate() {
-            if let Some((first, second)) = n.split_keys(&keys) {
+            if let Some((first, second)) = n.split_keys(keys) {
                 return Err(InvalidInput::KeysAcrossSlots {
                     node,
                     addr: n.addr().to_owned(),
@@ -129,11 +140,7 @@ impl Shared {
                 });
             }
         }
-        Ok(Target {
-            keys,
-            resources: names.into(),
-            ttl,
-        })
+        Ok(())
     }
 
     /// The Redis key of each resource: the key prefix, then the name.

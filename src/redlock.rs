@@ -342,8 +342,10 @@ impl Redlock {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] for no, empty or duplicate resources or more than
-    /// [`MAX_RESOURCES`](crate::MAX_RESOURCES), before any traffic. A node that fails is reported in the
+    /// [`Error::InvalidInput`] for no, empty or duplicate resources, more than
+    /// [`MAX_RESOURCES`](crate::MAX_RESOURCES), or, with a Redis Cluster voter, resources in
+    /// different hash slots ([`InvalidInput::KeysAcrossSlots`](crate::InvalidInput::KeysAcrossSlots):
+    /// inspect them one call each), before any traffic. A node that fails is reported in the
     /// [`Inspection`], not as an error.
     pub async fn inspect(&self, resources: &[impl AsRef<str>]) -> Result<Inspection, Error> {
         inspect::read(&self.shared, resources, false).await

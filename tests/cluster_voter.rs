@@ -136,6 +136,18 @@ async fn a_lock_across_hash_slots_is_refused_before_any_traffic() {
         "{err:?}"
     );
     assert!(err.to_string().contains("hash tag"), "{err}");
+    // So are an inspection and a forced release of them: one call per node reads them.
+    let across = |result: Result<redfence::Inspection, Error>| {
+        matches!(
+            result,
+            Err(Error::InvalidInput(InvalidInput::KeysAcrossSlots {
+                node: 0,
+                ..
+            }))
+        )
+    };
+    assert!(across(redlock.inspect(&["a", "b"]).await));
+    assert!(across(redlock.force_release(&["a", "b"]).await));
 }
 
 /// Seeds far away (every round trip to them takes longer than `node_timeout`): the cluster
