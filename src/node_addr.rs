@@ -312,6 +312,11 @@ fn sentinel_node(
             "a sentinel voter needs at least one sentinel URL".into()
         ));
     }
+    if master.trim().is_empty() {
+        return Err(bad(
+            "a sentinel voter needs the name of the master the sentinels monitor".into(),
+        ));
+    }
     let mut infos = Vec::with_capacity(sentinels.len());
     let mut identities = BTreeSet::new();
     for url in sentinels {

@@ -168,3 +168,19 @@ async fn a_hung_sentinel_is_passed_over() {
     assert_eq!(group.servers.get(0, "job").as_deref(), Some(lock.token()));
     lock.release().await.expect("release");
 }
+
+/// A voter with no sentinel or no master name is refused by `build()`, before any traffic.
+#[test]
+fn a_sentinel_voter_without_sentinels_or_master_name_is_refused() {
+    let none: [&str; 0] = [];
+    for (sentinels, master) in [(&none[..], "mymaster"), (&["redis://127.0.0.1:1"][..], " ")] {
+        let err = Redlock::builder()
+            .node(NodeAddr::sentinel(sentinels.iter().copied(), master))
+            .build()
+            .expect_err("refused");
+        assert!(
+            matches!(err, redfence::ConfigError::BadNodeUrl { index: 0, .. }),
+            "{err:?}"
+        );
+    }
+}
