@@ -232,6 +232,34 @@ async fn a_hung_member_whose_slot_moved_is_left_behind() {
     cluster.servers.resume(hung);
 }
 
+/// `check()` reads every master's eviction policy (`CONFIG GET` alone reaches one member, at
+/// random): one member that may evict lock keys is reported, however often it is asked.
+#[tokio::test]
+async fn check_reads_every_masters_eviction_policy() {
+    let cluster = RedisCluster::start();
+    let _: () = cluster
+        .servers
+        .cmd(1, &["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]);
+    let redlock = builder(std::slice::from_ref(&cluster))
+        .build()
+        .expect("config");
+    let member = format!("127.0.0.1:{}", cluster.servers.port(1));
+    for _ in 0..8 {
+        let checks = redlock.check().await;
+        let policy = checks[0].maxmemory_policy.as_deref().expect("read");
+        assert!(checks[0].may_evict_locks(), "{policy}");
+        assert_eq!(policy, format!("allkeys-lru (on {member})"));
+    }
+    let _: () = cluster
+        .servers
+        .cmd(1, &["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    let checks = redlock.check().await;
+    assert_eq!(
+        checks[0].maxmemory_policy.as_deref().ok(),
+        Some("noeviction")
+    );
+}
+
 /// On Cluster voters the election's lock and leader record must share a slot (the name is
 /// their hash tag): a name starting with `}` (an empty tag) is refused before any traffic;
 /// braces inside a name are fine.

@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use redis::RedisError;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+use redis::{RedisError, Value};
 
 use super::{GuardedWrite, KeyRow, Node, Request, script_call};
 use crate::error::NodeFailure;
@@ -109,8 +110,10 @@ impl Node for ClusterNode {
         script_call::write_if_held_on(&self.shared, write)
     }
 
+    /// Every master's: `CONFIG GET` alone goes to one member, chosen at random.
     fn eviction_policy(&self) -> BoxFuture<'static, Result<String, NodeFailure>> {
-        script_call::eviction_policy_on(&self.shared)
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move { script_call::on(&*shared, masters_eviction_policy).await })
     }
 
     fn addr(&self) -> &str {
@@ -123,6 +126,49 @@ impl Node for ClusterNode {
             .position(|key| Slot::for_key(key) != first)
             .map(|other| (0, other))
     }
+}
+
+/// The `maxmemory-policy` of every master of the cluster: theirs when they agree, or the
+/// first that may evict lock keys, with the member's address.
+async fn masters_eviction_policy(conn: &mut ClusterConnection) -> Result<String, RedisError> {
+    let mut cmd = redis::cmd("CONFIG");
+    cmd.arg("GET").arg("maxmemory-policy");
+    let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+    let reply = conn.route_command(cmd, routing).await?;
+    let Value::Map(members) = reply else {
+        return Err(unexpected("not one reply per master"));
+    };
+    let mut policies = Vec::with_capacity(members.len());
+    for (member, reply) in members {
+        let member: String = redis::from_redis_value(member)?;
+        if let Value::ServerError(err) = reply {
+            return Err(err.into());
+        }
+        let pair: Vec<String> = redis::from_redis_value(reply)?;
+        let policy = pair
+            .into_iter()
+            .nth(1)
+            .ok_or_else(|| unexpected("CONFIG GET maxmemory-policy returned no value"))?;
+        policies.push((member, policy));
+    }
+    let Some((_, first)) = policies.first() else {
+        return Err(unexpected("no master answered"));
+    };
+    if policies.iter().all(|(_, policy)| policy == first) {
+        return Ok(first.clone());
+    }
+    // They differ, so one of them is not `noeviction`.
+    Ok(policies
+        .iter()
+        .find(|(_, policy)| policy != "noeviction")
+        .map_or_else(
+            || first.clone(),
+            |(member, policy)| format!("{policy} (on {member})"),
+        ))
+}
+
+fn unexpected(what: &'static str) -> RedisError {
+    RedisError::from((redis::ErrorKind::UnexpectedReturnType, what))
 }
 
 #[cfg(test)]

@@ -307,7 +307,7 @@ impl<T> Slot<T> {
 
 /// Runs `op` on `connector`'s connection and reports its failure to the connector, a call
 /// dropped before its answer included.
-async fn on<C: Connector, T>(
+pub(crate) async fn on<C: Connector, T>(
     connector: &C,
     op: impl AsyncFnOnce(&mut C::Conn) -> Result<T, RedisError>,
 ) -> Result<T, NodeFailure> {
@@ -355,8 +355,8 @@ pub(crate) fn write_if_held_on<C: Connector>(
     Box::pin(async move { on(&*connector, async |conn| write_if_held(conn, &write).await).await })
 }
 
-/// [`Node::eviction_policy`](super::Node::eviction_policy) over a [`Connector`].
-#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
+/// [`Node::eviction_policy`](super::Node::eviction_policy) over a [`Connector`] (one server).
+#[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
 pub(crate) fn eviction_policy_on<C: Connector>(
     connector: &Arc<C>,
 ) -> BoxFuture<'static, Result<String, NodeFailure>> {
