@@ -185,8 +185,9 @@ async fn discovery_longer_than_a_node_timeout_still_connects() {
 /// A member that hangs (paused, or cut off without a reset) while its slot moves to another
 /// member, as a failover does: the cluster connection has no response timeout of its own and
 /// learns of a new slot owner only from a reply, which a hung member never sends. A call
-/// given up at `node_timeout` now drops the connection, and the next one maps the slots
-/// again. Before, every call went to the hung member, for good.
+/// given up at `node_timeout` now has a new connection made in the background (the slots
+/// mapped again), and the other member keeps answering meanwhile. Before, every call went to
+/// the hung member, for good.
 #[tokio::test]
 async fn a_hung_member_whose_slot_moved_is_left_behind() {
     let cluster = RedisCluster::start();
@@ -213,7 +214,7 @@ async fn a_hung_member_whose_slot_moved_is_left_behind() {
         .expect("the member that answers still locks");
     lock.release().await.expect("release");
 
-    let deadline = std::time::Instant::now() + support::DEADLINE;
+    let deadline = std::time::Instant::now() + support::DEADLINE * 2;
     let lock = loop {
         match redlock.acquire(&["moved"], TTL).await {
             Ok(lock) => break lock,

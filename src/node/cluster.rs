@@ -50,7 +50,8 @@ impl ClusterNode {
             addr,
             shared: Arc::new(Shared {
                 client,
-                conn: script_call::Cached::new(connect_timeout * DISCOVERY_STEPS),
+                conn: script_call::Cached::new(connect_timeout * DISCOVERY_STEPS)
+                    .renewals_spaced(connect_timeout),
             }),
         })
     }
@@ -84,7 +85,8 @@ impl script_call::Connector for Shared {
     /// from a reply (`MOVED`), which a hung member never sends, and its connections have no
     /// response timeout of their own. So a new connection is made in the background (the
     /// seeds asked for the slot map again) and takes over once made; the other members keep
-    /// answering on the current one meanwhile. One renewal per connect bound at most.
+    /// answering on the current one meanwhile. One renewal at a time, a connect timeout
+    /// apart.
     fn given_up(&self, generation: u64) {
         let client = self.client.clone();
         self.conn.renew(generation, move || async move {

@@ -145,6 +145,8 @@ pub(crate) trait Connector: Send + Sync + 'static {
 pub(crate) struct Cached<T> {
     slot: Arc<tokio::sync::Mutex<Slot<T>>>,
     connect_timeout: std::time::Duration,
+    /// The least time between the end of one [`renew`](Self::renew) and the start of the next.
+    renewal_spacing: std::time::Duration,
 }
 
 /// What [`Cached`] holds.
@@ -156,23 +158,35 @@ struct Slot<T> {
     /// The last failed attempt: when it ended, and why. Callers that were already waiting
     /// for it get its error instead of trying again one after the other.
     failed: Option<(tokio::time::Instant, String)>,
-    /// When the last [`Cached::renew`] started.
+    /// Whether a [`Cached::renew`] is under way.
+    renewing: bool,
+    /// When the last [`Cached::renew`] ended.
     renewed_at: Option<tokio::time::Instant>,
 }
 
 #[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
 impl<T: Clone + Send + 'static> Cached<T> {
-    /// Nothing made yet; `connect_timeout` bounds each making (and spaces renewals).
+    /// Nothing made yet; `connect_timeout` bounds each making, and spaces renewals until
+    /// [`renewals_spaced`](Self::renewals_spaced) says otherwise.
     pub(crate) fn new(connect_timeout: std::time::Duration) -> Self {
         Cached {
             slot: Arc::new(tokio::sync::Mutex::new(Slot {
                 current: None,
                 made: 0,
                 failed: None,
+                renewing: false,
                 renewed_at: None,
             })),
             connect_timeout,
+            renewal_spacing: connect_timeout,
         }
+    }
+
+    /// Leaves at least `spacing` between the end of one renewal and the start of the next.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub(crate) fn renewals_spaced(mut self, spacing: std::time::Duration) -> Self {
+        self.renewal_spacing = spacing;
+        self
     }
 
     /// The connection and its generation, made by `make` (in a task of its own) when there
@@ -248,10 +262,9 @@ impl<T: Clone + Send + 'static> Cached<T> {
     /// Makes a new connection with `make`, in a task of its own, and puts it in place of the
     /// connection of `generation` once made; calls go on with that one meanwhile (the members
     /// of a cluster that answer keep answering), and a failed making leaves it in place. Only
-    /// when `generation` is still the current one and no renewal started within the connect
-    /// timeout (one under way included): a server that stays hung costs one renewal per
-    /// connect timeout, not one per call. Does not block; outside a Tokio runtime, does
-    /// nothing.
+    /// when `generation` is still the current one, no renewal is under way, and the last one
+    /// ended at least the renewal spacing ago: a server that stays hung costs one renewal at
+    /// a time, not one per call. Does not block; outside a Tokio runtime, does nothing.
     #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(crate) fn renew<Fut>(&self, generation: u64, make: impl FnOnce() -> Fut + Send + 'static)
     where
@@ -266,21 +279,23 @@ impl<T: Clone + Send + 'static> Cached<T> {
         let now = tokio::time::Instant::now();
         let recent = slot
             .renewed_at
-            .is_some_and(|at| now.duration_since(at) < self.connect_timeout);
-        if recent || !slot.holds(generation) {
+            .is_some_and(|at| now.duration_since(at) < self.renewal_spacing);
+        if slot.renewing || recent || !slot.holds(generation) {
             return;
         }
-        slot.renewed_at = Some(now);
+        slot.renewing = true;
         drop(slot);
         let (slot, timeout) = (Arc::clone(&self.slot), self.connect_timeout);
         runtime.spawn(async move {
-            let Ok(Ok(conn)) = tokio::time::timeout(timeout, make()).await else {
-                return;
-            };
+            let made = tokio::time::timeout(timeout, make()).await;
             let mut slot = slot.lock().await;
+            slot.renewing = false;
+            slot.renewed_at = Some(tokio::time::Instant::now());
             // Not over a newer connection; in place of a forgotten one, as the next call
             // would make.
-            if slot.current.is_none() || slot.holds(generation) {
+            if let Ok(Ok(conn)) = made
+                && (slot.current.is_none() || slot.holds(generation))
+            {
                 slot.made += 1;
                 slot.current = Some((slot.made, conn));
                 slot.failed = None;
@@ -474,7 +489,7 @@ mod tests {
             .await;
         assert_eq!(now.expect("renewed"), (2, 2));
         assert_eq!(calls.load(Ordering::SeqCst), 2, "one renewal");
-        // One per connect timeout, and never over a newer connection.
+        // Spaced from the end of the last one, and never for an old generation.
         cached.renew(2, maker(&calls, Duration::ZERO, false));
         cached.renew(1, maker(&calls, Duration::ZERO, false));
         tokio::time::sleep(timeout).await;
@@ -493,5 +508,40 @@ mod tests {
             .get_or_make(maker(&calls, Duration::ZERO, false))
             .await;
         assert_eq!(now.expect("kept"), (2, 2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_never_replaces_a_newer_connection_and_fills_a_forgotten_one() {
+        let cached = Cached::<u32>::new(Duration::from_secs(1)).renewals_spaced(Duration::ZERO);
+        let calls = Arc::new(AtomicU32::new(0));
+        let made = cached
+            .get_or_make(maker(&calls, Duration::ZERO, false))
+            .await;
+        assert_eq!(made.expect("made"), (1, 1));
+        // Forgotten while renewing, and made again by a call: the renewal is dropped.
+        cached.renew(1, maker(&calls, Duration::from_millis(500), false));
+        cached.forget(1).await;
+        let again = cached
+            .get_or_make(maker(&calls, Duration::ZERO, false))
+            .await;
+        assert_eq!(again.expect("made again"), (2, 3));
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let now = cached
+            .get_or_make(maker(&calls, Duration::ZERO, false))
+            .await;
+        assert_eq!(
+            now.expect("kept"),
+            (2, 3),
+            "not replaced by the late renewal"
+        );
+        // Forgotten while renewing, and no call since: the renewal takes its place.
+        cached.renew(2, maker(&calls, Duration::from_millis(500), false));
+        cached.forget(2).await;
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let now = cached
+            .get_or_make(maker(&calls, Duration::ZERO, false))
+            .await;
+        assert_eq!(now.expect("renewed"), (3, 4));
+        assert_eq!(calls.load(Ordering::SeqCst), 4);
     }
 }

@@ -6,7 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
 use redis::aio::MultiplexedConnection;
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{AsyncConnectionConfig, RedisError};
@@ -23,8 +25,9 @@ pub(crate) struct SentinelNode {
 
 struct Shared {
     /// One client per sentinel, asked all at once: redis-rs's client over several sentinels
-    /// takes their answers in the order given and waits for the first however long, so one
-    /// hung sentinel (it accepts connections and never answers) would stop discovery.
+    /// takes their answers in the order given, so a hung first sentinel (it accepts
+    /// connections and never answers) costs its connect and response timeouts (1 s and
+    /// 0.5 s) before the next one counts, and that takes the whole of a short connect bound.
     clients: Vec<Arc<Mutex<SentinelClient>>>,
     conn: script_call::Cached<MultiplexedConnection>,
     connect_timeout: Duration,
@@ -83,19 +86,46 @@ impl script_call::Connector for Shared {
             .get_or_make(move || async move {
                 // The first sentinel whose master answers as a master wins; the others are
                 // dropped (a hung one included).
-                let asked = clients.into_iter().map(|client| {
-                    let config = config.clone();
-                    Box::pin(async move {
-                        client
-                            .lock()
-                            .await
-                            .get_async_connection_with_config(&config)
-                            .await
+                let mut asked: FuturesUnordered<_> = clients
+                    .into_iter()
+                    .map(|client| {
+                        let config = config.clone();
+                        async move {
+                            client
+                                .lock()
+                                .await
+                                .get_async_connection_with_config(&config)
+                                .await
+                        }
                     })
-                });
-                futures::future::select_ok(asked)
-                    .await
-                    .map(|(conn, _)| conn)
+                    .collect();
+                let mut failure: Option<RedisError> = None;
+                while let Some(answer) = asked.next().await {
+                    match answer {
+                        Ok(conn) => return Ok(conn),
+                        // What went wrong with a master a sentinel named (a refused login,
+                        // a master that is not one) says more than a sentinel that does not
+                        // know the name.
+                        Err(err) => {
+                            let unnamed = |e: &RedisError| {
+                                e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel
+                            };
+                            let better = match &failure {
+                                None => true,
+                                Some(kept) => unnamed(kept) && !unnamed(&err),
+                            };
+                            if better {
+                                failure = Some(err);
+                            }
+                        }
+                    }
+                }
+                Err(failure.unwrap_or_else(|| {
+                    RedisError::from((
+                        redis::ErrorKind::EmptySentinelList,
+                        "a sentinel voter needs at least one sentinel",
+                    ))
+                }))
             })
             .await
     }
