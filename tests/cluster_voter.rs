@@ -168,16 +168,14 @@ async fn discovery_longer_than_a_node_timeout_still_connects() {
         .retry_count(0)
         .build()
         .expect("config");
-    let deadline = std::time::Instant::now() + support::DEADLINE;
-    let lock = loop {
-        match far.acquire(&["job"], TTL).await {
-            Ok(lock) => break lock,
-            Err(err) if std::time::Instant::now() < deadline && err.is_retryable() => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(err) => panic!("never connected through far-away seeds: {err}"),
-        }
-    };
+    let lock = support::acquire_within(
+        &far,
+        &["job"],
+        TTL,
+        support::DEADLINE,
+        "never connected through far-away seeds",
+    )
+    .await;
     assert_eq!(cluster.get("job").as_deref(), Some(lock.token()));
     lock.release().await.expect("release");
 }
@@ -214,16 +212,14 @@ async fn a_hung_member_whose_slot_moved_is_left_behind() {
         .expect("the member that answers still locks");
     lock.release().await.expect("release");
 
-    let deadline = std::time::Instant::now() + support::DEADLINE * 2;
-    let lock = loop {
-        match redlock.acquire(&["moved"], TTL).await {
-            Ok(lock) => break lock,
-            Err(err) if std::time::Instant::now() < deadline && err.is_retryable() => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(err) => panic!("the voter stayed with the hung member: {err}"),
-        }
-    };
+    let lock = support::acquire_within(
+        &redlock,
+        &["moved"],
+        TTL,
+        support::DEADLINE * 2,
+        "the voter stayed with the hung member",
+    )
+    .await;
     assert_eq!(
         cluster.servers.get(1 - hung, "moved").as_deref(),
         Some(lock.token()),

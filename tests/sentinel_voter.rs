@@ -129,16 +129,14 @@ async fn discovery_longer_than_a_node_timeout_still_connects() {
         .retry_count(0)
         .build()
         .expect("config");
-    let deadline = Instant::now() + support::DEADLINE;
-    let lock = loop {
-        match far.acquire(&["job"], TTL).await {
-            Ok(lock) => break lock,
-            Err(err) if Instant::now() < deadline && err.is_retryable() => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(err) => panic!("never connected through far-away sentinels: {err}"),
-        }
-    };
+    let lock = support::acquire_within(
+        &far,
+        &["job"],
+        TTL,
+        support::DEADLINE,
+        "never connected through far-away sentinels",
+    )
+    .await;
     assert_eq!(group.servers.get(0, "job").as_deref(), Some(lock.token()));
     lock.release().await.expect("release");
 }
@@ -155,16 +153,14 @@ async fn a_hung_sentinel_is_passed_over() {
         .retry_count(0)
         .build()
         .expect("config");
-    let deadline = Instant::now() + support::DEADLINE;
-    let lock = loop {
-        match redlock.acquire(&["job"], TTL).await {
-            Ok(lock) => break lock,
-            Err(err) if Instant::now() < deadline && err.is_retryable() => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(err) => panic!("never connected past the hung sentinel: {err}"),
-        }
-    };
+    let lock = support::acquire_within(
+        &redlock,
+        &["job"],
+        TTL,
+        support::DEADLINE,
+        "never connected past the hung sentinel",
+    )
+    .await;
     assert_eq!(group.servers.get(0, "job").as_deref(), Some(lock.token()));
     lock.release().await.expect("release");
 }

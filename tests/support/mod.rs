@@ -51,6 +51,27 @@ pub async fn warm_up(redlock: &Redlock) {
     }
 }
 
+/// Acquires `resources`, retrying retryable errors (every 100 ms) until `within` has passed;
+/// panics with `what` and the last error then, or on any other error.
+pub async fn acquire_within(
+    redlock: &Redlock,
+    resources: &[&str],
+    ttl: Duration,
+    within: Duration,
+    what: &str,
+) -> redfence::Lock {
+    let deadline = Instant::now() + within;
+    loop {
+        match redlock.acquire(resources, ttl).await {
+            Ok(lock) => return lock,
+            Err(err) if Instant::now() < deadline && err.is_retryable() => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(err) => panic!("{what}: {err}"),
+        }
+    }
+}
+
 /// Polls `cond` until it holds or [`DEADLINE`] passes; returns whether it held.
 pub async fn eventually(mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + DEADLINE;
