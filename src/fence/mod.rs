@@ -14,8 +14,9 @@
 //! A wakes up and writes with 41: 41 < 42, rejected (StaleFence) — A has lost ownership
 //! ```
 //!
-//! Tokens are unique per acquisition, so accepting the owner's own token again is as safe as
-//! accepting each token once, and lets the owner write many times with one lock. The
+//! Tokens are unique per acquisition *of a resource* (two unrelated resources may both be at
+//! 5: compare a resource's tokens only with its own), so accepting the owner's own token again
+//! is as safe as accepting each token once, and lets the owner write many times with one lock. The
 //! PostgreSQL helpers offer the once-per-acquisition check as an option
 //! (`fence::postgres::FenceCheck::Strict`).
 //!
@@ -64,6 +65,22 @@
 //! `appendfsync always` protects a single primary's crash, not a failover; `WAIT` narrows
 //! the window, it does not close it. When that matters, use `PostgresCounter`, ideally in
 //! the database the work writes to.
+//!
+//! **Everyone who locks a resource must share one counter**, and the counter's record of
+//! each resource must never go back:
+//!
+//! - Every process (and every service) that locks `invoice:4821` must fence it through the
+//!   same counter: the same PostgreSQL table in the same database (schema-qualify the table
+//!   name when `search_path`s differ), or the same Redis server. Counters are named by the
+//!   resource name, without the lock manager's key prefix: two services that lock the same
+//!   keys through different prefixes must still name the same resources.
+//! - **Never delete, truncate or expire** a counter's rows or keys (`redfence_fences`,
+//!   `fence:{…}`), nor a fenced row's last token or a guard row: the next token (or the next
+//!   accepted write) starts again from 1, and a stale owner holding 41 is accepted. They are
+//!   one small row or key per resource; keep them.
+//! - On PostgreSQL, keep `synchronous_commit` on for the counter's sessions (the default):
+//!   with it off, a commit is acknowledged before it is durable, and a crash can hand out a
+//!   token again.
 //!
 //! Whatever the counter, the guarantee ends at the storage: it must compare and record the
 //! token atomically with the write (see `fence::postgres` for PostgreSQL helpers; the same

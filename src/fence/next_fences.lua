@@ -15,7 +15,13 @@ for i, count in ipairs(ARGV) do
     end
     local last = first + n - 1
     if n == 1 then
-        tokens[i] = redis.call('INCR', KEYS[first])
+        -- INCR stores the exact integer; past 2^53 its reply would reach Lua rounded, and
+        -- round to a token already handed out.
+        local token = redis.call('INCR', KEYS[first])
+        if token >= limit then
+            return redis.error_reply('fence counter ' .. KEYS[first] .. ' reached 2^53')
+        end
+        tokens[i] = token
     else
         local max = 0
         for k = first, last do

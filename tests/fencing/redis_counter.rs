@@ -113,6 +113,17 @@ async fn redis_counter_multi_resource_tokens_exceed_every_resource() {
     // Nothing was written by the failed calls.
     assert_eq!(store.get(0, "fence:{a}").as_deref(), Some("13"));
 
+    // Tokens stop at 2^53, where Lua's numbers stop being exact: an error, never a repeat.
+    let _: () = store.cmd(0, &["SET", "fence:{big}", "9007199254740990"]);
+    assert_eq!(next(&["big"]).await, 9_007_199_254_740_991);
+    for _ in 0..2 {
+        let err = counter
+            .next_fence(&names(&["big"]))
+            .await
+            .expect_err("past 2^53");
+        assert!(err.to_string().contains("reached 2^53"), "{err}");
+    }
+
     // The script survives a SCRIPT FLUSH (EVALSHA falls back to loading it).
     let _: () = store.cmd(0, &["SCRIPT", "FLUSH"]);
     assert_eq!(next(&["a", "b"]).await, 14);

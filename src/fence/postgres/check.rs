@@ -4,7 +4,7 @@
 /// [`FenceGuards`](super::FenceGuards)) accept, compared with the last fence accepted for the
 /// row or resource. Defaults to [`AllowOwnerRewrite`](Self::AllowOwnerRewrite).
 ///
-/// Tokens are unique per acquisition, so a stale owner always holds a token *smaller* than
+/// Tokens are unique per acquisition of a resource, so a stale owner always holds a token *smaller* than
 /// the owner that replaced it: rejecting smaller tokens is all that safety needs, and the
 /// current owner may write as often as it likes with its one token.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]

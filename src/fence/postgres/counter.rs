@@ -94,11 +94,13 @@ pub(crate) const DEFAULT_POSTGRES_FENCE_TIMEOUT: Duration = Duration::from_secs(
 ///
 /// # Connections: yours or ours
 ///
-/// - [`PostgresCounter::new`] shares a [`Client`] you connected (wrap it in an `Arc` to keep
-///   using it yourself; the counter's statements are single autocommit statements, so they
-///   mix safely with your queries). **Reconnecting is then yours**: once its connection
-///   closes, every token request fails, and so every lock (fail closed), until you build a
-///   new counter with a new client.
+/// - [`PostgresCounter::new`] takes a [`Client`] you connected. Give it a client of its own:
+///   its statements run on that client's session, so a transaction you open on a shared
+///   client (`BEGIN` through an `Arc<Client>`) would hold the counter's updates, and hand
+///   their tokens out before they commit; a `ROLLBACK` would then issue the same tokens
+///   again. Session settings apply too (keep `synchronous_commit` on). **Reconnecting is
+///   then yours**: once its connection closes, every token request fails, and so every lock
+///   (fail closed), until you build a new counter with a new client.
 /// - [`PostgresCounter::connect`] (no TLS) and [`PostgresCounter::with_config`] (any TLS)
 ///   connect on the first request, inside the caller's Tokio runtime, and **reconnect** on
 ///   the next batch after the connection closed, or after a batch timed out (a socket to a

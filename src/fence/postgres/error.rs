@@ -31,7 +31,9 @@ pub enum FencedWriteError {
     Stale(#[from] StaleFence),
 
     /// A [`FencedUpdate`](super::FencedUpdate) matched no row: there is no row with that key (at the time of
-    /// the update). Not an ownership problem.
+    /// the update). It may be that a newer owner deleted it: do not insert it again on this
+    /// error without a fence check of your own (keep a tombstone row with its last fence
+    /// instead of deleting, or claim a [`FenceGuards`](super::FenceGuards) guard first).
     #[error("fenced update of {table}: no row with {key_column} = {key}")]
     NotFound {
         /// The table, as given.
@@ -46,6 +48,12 @@ pub enum FencedWriteError {
     /// have come from a counter that stores `bigint`s.
     #[error("fence {0} does not fit a bigint column (the largest is {max})", max = i64::MAX)]
     FenceOutOfRange(u64),
+
+    /// The fence is 0, which no counter issues (they start at 1): most likely
+    /// `lock.fence().unwrap_or(0)` on a lock without a counter, which every check would
+    /// accept for ever.
+    #[error("fence 0 is not a fence (counters start at 1): is a fencing counter configured?")]
+    ZeroFence,
 
     /// [`FenceGuards::claim_lock`](super::FenceGuards::claim_lock) was given a lock that carries no fence: the lock
     /// manager has no fencing counter configured.
@@ -111,4 +119,13 @@ mod tests {
         assert!(text.contains("invoice:1") && text.contains("41") && text.contains("42"));
         assert!(FencedWriteError::from(stale).is_ownership_lost());
     }
+}
+
+/// `fence` as the `bigint` parameter of a fenced statement: refused when it is 0 or does not
+/// fit.
+pub(super) fn fence_param(fence: u64) -> Result<i64, FencedWriteError> {
+    if fence == 0 {
+        return Err(FencedWriteError::ZeroFence);
+    }
+    i64::try_from(fence).map_err(|_| FencedWriteError::FenceOutOfRange(fence))
 }

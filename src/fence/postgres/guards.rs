@@ -42,6 +42,12 @@ const RELEASE_SAVEPOINT: &str = "RELEASE SAVEPOINT redfence_claim_guards";
 /// first writers would both pass). [`claim`](Self::claim) takes a [`Transaction`], so it
 /// cannot run in autocommit by mistake.
 ///
+/// **Claim first.** A stale owner is shut out only once the new owner's fence is recorded:
+/// claim in the same transaction as the reads the work decides on, before them (as below),
+/// or claim and commit right after acquiring. A new owner that reads the state outside its
+/// claiming transaction may decide on a state that a stale owner, still ahead of it in the
+/// guard, changes before the new owner's claim.
+///
 /// ```no_run
 /// use redfence::fence::postgres::FenceGuards;
 /// # async fn run(
@@ -166,7 +172,7 @@ impl FenceGuards {
     ///
     /// [`FencedWriteError::Stale`] when a fence greater than `fence` (or equal, with
     /// [`FenceCheck::Strict`]) was accepted (roll back and stop), [`FencedWriteError::FenceOutOfRange`] for a fence
-    /// above `i64::MAX`, [`FencedWriteError::Database`] when the statement fails.
+    /// above `i64::MAX` ([`FencedWriteError::ZeroFence`] for 0), [`FencedWriteError::Database`] when the statement fails.
     pub async fn claim(
         &self,
         tx: &Transaction<'_>,
@@ -213,8 +219,7 @@ impl FenceGuards {
         if resources.is_empty() {
             return Err(FencedWriteError::NoResource);
         }
-        let fence_param =
-            i64::try_from(fence).map_err(|_| FencedWriteError::FenceOutOfRange(fence))?;
+        let fence_param = super::error::fence_param(fence)?;
         let mut names: Vec<&str> = resources.iter().map(AsRef::as_ref).collect();
         names.sort_unstable();
         names.dedup();

@@ -146,14 +146,14 @@ impl<'a> FencedUpdate<'a> {
     /// [`FencedWriteError::Stale`] when the row's fence is greater than `fence` (or equal,
     /// with [`FenceCheck::Strict`])
     /// (nothing was changed: roll back and stop), [`FencedWriteError::NotFound`] when no row
-    /// has the key, [`FencedWriteError::FenceOutOfRange`] for a fence above `i64::MAX`, and
+    /// has the key, [`FencedWriteError::FenceOutOfRange`] for a fence above `i64::MAX`
+    /// ([`FencedWriteError::ZeroFence`] for 0), and
     /// [`FencedWriteError::Database`] when a statement fails.
     pub async fn execute<C>(&self, client: &C, fence: u64) -> Result<u64, FencedWriteError>
     where
         C: GenericClient + Sync,
     {
-        let fence_param =
-            i64::try_from(fence).map_err(|_| FencedWriteError::FenceOutOfRange(fence))?;
+        let fence_param = super::error::fence_param(fence)?;
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&fence_param, self.key];
         params.extend(self.sets.iter().filter_map(|(_, value)| match value {
             Value::Param(p) => Some(*p),

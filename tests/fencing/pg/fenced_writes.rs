@@ -90,6 +90,13 @@ async fn fenced_update_tells_stale_from_missing() {
         matches!(err, FencedWriteError::FenceOutOfRange(u64::MAX)),
         "{err:?}"
     );
+    // Nor is 0, which no counter issues (`fence().unwrap_or(0)` without a counter): every
+    // row would accept it for ever.
+    let err = update(&"other")
+        .execute(&client, 0)
+        .await
+        .expect_err("zero");
+    assert!(matches!(err, FencedWriteError::ZeroFence), "{err:?}");
 
     // A statement error says which step failed.
     let err = FencedUpdate::new("no_such_table", "id", &1_i64)
@@ -129,8 +136,11 @@ async fn guard_claims_are_transactional() {
         }
     };
 
-    // A resource seen for the first time gets its guard row.
+    // Fence 0 is refused before any statement; a resource seen for the first time then gets
+    // its guard row.
     let tx = c1.transaction().await.expect("begin");
+    let err = guards.claim(&tx, "r", 0).await.expect_err("zero");
+    assert!(matches!(err, FencedWriteError::ZeroFence), "{err:?}");
     guards.claim(&tx, "r", 5).await.expect("first claim");
     tx.commit().await.expect("commit");
     assert_eq!(last("r").await, Some(5));
