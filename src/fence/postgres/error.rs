@@ -104,6 +104,15 @@ impl FencedWriteError {
     }
 }
 
+/// `fence` as the `bigint` parameter of a fenced statement: refused when it is 0 or does not
+/// fit.
+pub(super) fn fence_param(fence: u64) -> Result<i64, FencedWriteError> {
+    if fence == 0 {
+        return Err(FencedWriteError::ZeroFence);
+    }
+    i64::try_from(fence).map_err(|_| FencedWriteError::FenceOutOfRange(fence))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,13 +128,4 @@ mod tests {
         assert!(text.contains("invoice:1") && text.contains("41") && text.contains("42"));
         assert!(FencedWriteError::from(stale).is_ownership_lost());
     }
-}
-
-/// `fence` as the `bigint` parameter of a fenced statement: refused when it is 0 or does not
-/// fit.
-pub(super) fn fence_param(fence: u64) -> Result<i64, FencedWriteError> {
-    if fence == 0 {
-        return Err(FencedWriteError::ZeroFence);
-    }
-    i64::try_from(fence).map_err(|_| FencedWriteError::FenceOutOfRange(fence))
 }
