@@ -80,7 +80,8 @@
 //!   one small row or key per resource; keep them.
 //! - On PostgreSQL, keep `synchronous_commit` on for the counter's sessions (the default):
 //!   with it off, a commit is acknowledged before it is durable, and a crash can hand out a
-//!   token again.
+//!   token again. A connection the counter makes itself is checked, and refused when it is
+//!   off.
 //!
 //! Whatever the counter, the guarantee ends at the storage: it must compare and record the
 //! token atomically with the write (see `fence::postgres` for PostgreSQL helpers; the same

@@ -101,6 +101,7 @@ impl PgIssuer {
         let client = (connector.connect)()
             .await
             .map_err(|err| CounterError::pg(format!("connecting to {}", connector.target), err))?;
+        durable_commits(&client, &connector.target).await?;
         let client = Arc::new(client);
         let mut current = connector
             .current
@@ -423,6 +424,28 @@ fn positive(value: Option<i64>, step: &str) -> Result<u64, CounterError> {
             "the counter reached the largest bigint",
         )),
     }
+}
+
+/// Refuses a session whose commits are acknowledged before they are durable
+/// (`synchronous_commit = off`, for the role, the database or in the connection's options):
+/// a crash could lose tokens already handed out, and hand them out again.
+async fn durable_commits(client: &Client, target: &str) -> Result<(), CounterError> {
+    let row = client
+        .query_one("SHOW synchronous_commit", &[])
+        .await
+        .map_err(|err| CounterError::pg(format!("checking {target}"), err))?;
+    let setting: String = row
+        .try_get(0)
+        .map_err(|err| CounterError::pg(format!("checking {target}"), err))?;
+    if setting == "off" {
+        return Err(CounterError::new(
+            format!("checking {target}"),
+            "synchronous_commit is off for this session: a commit would be acknowledged \
+             before it is durable, and a crash could hand the same tokens out again; turn it \
+             on for the counter's role or database (or in its connection options)",
+        ));
+    }
+    Ok(())
 }
 
 /// Why the PostgreSQL counter could not issue a token; says which step failed.

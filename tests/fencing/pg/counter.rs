@@ -305,3 +305,23 @@ async fn prepared_and_unprepared_statements_issue_the_same_tokens() {
     assert_eq!(issued[0], issued[1]);
     assert_eq!(issued[0][..3], [1, 1, 1], "{:?}", issued[0]);
 }
+
+/// A session whose commits are acknowledged before they are durable (`synchronous_commit =
+/// off`) is refused with a reason: a crash could hand out tokens again. `local` is durable
+/// on the server itself, and accepted.
+#[tokio::test]
+async fn a_session_without_durable_commits_is_refused() {
+    let pg = Postgres::start();
+    let options = |setting: &str| format!("{} options='-c synchronous_commit={setting}'", pg.url());
+    let unsafe_counter = PostgresCounter::connect(&options("off")).expect("config");
+    let err = unsafe_counter
+        .next_fence(&names(&["a"]))
+        .await
+        .expect_err("off");
+    assert!(
+        err.to_string().contains("synchronous_commit is off"),
+        "{err}"
+    );
+    let local = PostgresCounter::connect(&options("local")).expect("config");
+    assert_eq!(local.next_fence(&names(&["a"])).await.expect("local"), 1);
+}
