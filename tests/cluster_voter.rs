@@ -195,13 +195,16 @@ async fn a_hung_member_whose_slot_moved_is_left_behind() {
         .retry_count(0)
         .build()
         .expect("config");
-    // The connection is made and the slot map cached, with "moved" on its first owner.
-    let lock = redlock.acquire(&["moved"], TTL).await.expect("acquire");
-    lock.release().await.expect("release");
+    // The connection is made and the slot map cached, with "moved" on its first owner, and
+    // the script loaded on both members (first calls, given time on a loaded machine).
     let elsewhere = (0..)
         .map(|i| format!("elsewhere:{i}"))
         .find(|key| cluster.owner(key) != cluster.owner("moved"))
         .expect("a key on the other member");
+    for key in ["moved", elsewhere.as_str()] {
+        let lock = support::acquire_within(&redlock, &[key], TTL, support::DEADLINE, "warm").await;
+        lock.release().await.expect("release");
+    }
     let hung = cluster.take_slot_from_hung_owner("moved");
     // The other member's slots keep working while the connection is made again.
     let err = redlock.acquire(&["moved"], TTL).await.expect_err("hung");

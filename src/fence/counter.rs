@@ -12,7 +12,8 @@ use crate::error::BoxError;
 ///
 /// # Contract
 ///
-/// [`next_fence`](FencingCounter::next_fence) returns a token strictly greater than every
+/// [`next_fence`](FencingCounter::next_fence) returns a token of at least 1 (a 0 fails the
+/// acquisition: fenced writes treat 0 as "no fence"), strictly greater than every
 /// token it returned before for **any** of the given resources, and never returns a token
 /// again once it has returned it, even after a restart of the store behind it. Gaps are fine;
 /// only the order matters. A token must be durable before it is returned: a crash right

@@ -89,6 +89,30 @@ async fn a_failing_counter_fails_closed_and_leaves_no_key() {
     assert!(no_key_left(&servers).await);
 }
 
+/// A counter that hands out 0, which is not a token.
+struct Zero;
+
+impl FencingCounter for Zero {
+    fn next_fence<'a>(&'a self, _: &'a [String]) -> BoxFuture<'a, Result<u64, BoxError>> {
+        Box::pin(async { Ok(0) })
+    }
+}
+
+#[tokio::test]
+async fn a_counter_that_returns_zero_fails_closed() {
+    let servers = Servers::start(3);
+    let redlock = servers.builder().fencing(Zero).build().expect("config");
+    let err = redlock
+        .acquire(&["invoice:1"], TTL)
+        .await
+        .expect_err("0 is not a token");
+    assert!(
+        matches!(&err, Error::Fencing(FencingError::Counter(e)) if e.to_string().contains("returned 0")),
+        "{err:?}"
+    );
+    assert!(no_key_left(&servers).await);
+}
+
 #[tokio::test]
 async fn a_hanging_counter_hits_the_fencing_timeout() {
     let servers = Servers::start(3);

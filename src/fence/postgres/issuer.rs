@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use futures::future::BoxFuture;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, Row, Statement};
+use tokio_postgres::{Client, Row, SimpleQueryMessage, Statement};
 
 use super::sql::CounterSql;
 use super::{chain, create_if_absent};
@@ -430,14 +430,16 @@ fn positive(value: Option<i64>, step: &str) -> Result<u64, CounterError> {
 /// (`synchronous_commit = off`, for the role, the database or in the connection's options):
 /// a crash could lose tokens already handed out, and hand them out again.
 async fn durable_commits(client: &Client, target: &str) -> Result<(), CounterError> {
-    let row = client
-        .query_one("SHOW synchronous_commit", &[])
+    // The simple protocol: no named statement, which a pooler could lose or mix up.
+    let messages = client
+        .simple_query("SHOW synchronous_commit")
         .await
         .map_err(|err| CounterError::pg(format!("checking {target}"), err))?;
-    let setting: String = row
-        .try_get(0)
-        .map_err(|err| CounterError::pg(format!("checking {target}"), err))?;
-    if setting == "off" {
+    let setting = messages.iter().find_map(|message| match message {
+        SimpleQueryMessage::Row(row) => row.get(0),
+        _ => None,
+    });
+    if setting == Some("off") {
         return Err(CounterError::new(
             format!("checking {target}"),
             "synchronous_commit is off for this session: a commit would be acknowledged \

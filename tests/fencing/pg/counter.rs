@@ -313,7 +313,9 @@ async fn prepared_and_unprepared_statements_issue_the_same_tokens() {
 async fn a_session_without_durable_commits_is_refused() {
     let pg = Postgres::start();
     let options = |setting: &str| format!("{} options='-c synchronous_commit={setting}'", pg.url());
-    let unsafe_counter = PostgresCounter::connect(&options("off")).expect("config");
+    let unsafe_counter = PostgresCounter::connect(&options("off"))
+        .expect("config")
+        .timeout(Duration::from_secs(5));
     let err = unsafe_counter
         .next_fence(&names(&["a"]))
         .await
@@ -322,6 +324,8 @@ async fn a_session_without_durable_commits_is_refused() {
         err.to_string().contains("synchronous_commit is off"),
         "{err}"
     );
-    let local = PostgresCounter::connect(&options("local")).expect("config");
+    let local = PostgresCounter::connect(&options("local"))
+        .expect("config")
+        .timeout(Duration::from_secs(5));
     assert_eq!(local.next_fence(&names(&["a"])).await.expect("local"), 1);
 }
