@@ -282,13 +282,12 @@ fn cluster_node(
     }
     let connect_timeout = config.node_timeout.max(std::time::Duration::from_secs(1));
     let node =
-        crate::node::ClusterNode::new(infos, addr.clone(), connect_timeout).map_err(|err| {
-            ConfigError::BadNodeUrl {
+        crate::node::ClusterNode::new(infos, addr.clone(), config.node_timeout, connect_timeout)
+            .map_err(|err| ConfigError::BadNodeUrl {
                 index,
                 url: addr,
                 reason: err.to_string(),
-            }
-        })?;
+            })?;
     Ok((Arc::new(node), identities))
 }
 

@@ -232,6 +232,56 @@ async fn a_hung_member_whose_slot_moved_is_left_behind() {
     cluster.servers.resume(hung);
 }
 
+/// A call its caller cancelled early (a short timeout around `acquire`) says nothing about
+/// the members: the cluster connection is not made again for it. One that waited its node
+/// timeout is.
+#[tokio::test]
+async fn a_cancelled_call_does_not_remake_the_connection() {
+    let cluster = RedisCluster::start();
+    let redlock = Redlock::builder()
+        .node(NodeAddr::cluster(cluster.seeds()))
+        .node_timeout(Duration::from_millis(1_000))
+        .retry_count(0)
+        .build()
+        .expect("config");
+    let lock = support::acquire_within(&redlock, &["job"], TTL, support::DEADLINE, "warm").await;
+    lock.release().await.expect("release");
+    let owner = cluster.owner("job");
+    let other = 1 - owner;
+    // Read on one connection of its own, so that reading adds none.
+    let probe = std::sync::Mutex::new(cluster.servers.conn(other));
+    let connections = |_: usize| -> i64 {
+        let mut probe = probe.lock().expect("probe");
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .query(&mut *probe)
+            .expect("INFO");
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("total_connections_received")
+    };
+    let before = connections(other);
+    cluster.servers.pause(owner);
+    // Cancelled after 50 ms, a twentieth of the node timeout.
+    let cut = tokio::time::timeout(Duration::from_millis(50), redlock.acquire(&["job"], TTL)).await;
+    assert!(cut.is_err(), "the owner is paused: {cut:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        connections(other),
+        before,
+        "no new connection for a cancelled call"
+    );
+    // Given up at the node timeout: the connection is made again (the seeds asked).
+    let err = redlock.acquire(&["job"], TTL).await.expect_err("paused");
+    assert!(err.is_retryable(), "{err}");
+    assert!(
+        support::eventually(|| connections(other) > before).await,
+        "a timed-out call remakes the connection"
+    );
+    cluster.servers.resume(owner);
+}
+
 /// `check()` reads every master's eviction policy (`CONFIG GET` alone reaches one member, at
 /// random): one member that may evict lock keys is reported, however often it is asked.
 #[tokio::test]

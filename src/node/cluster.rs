@@ -26,6 +26,8 @@ pub(crate) struct ClusterNode {
 struct Shared {
     client: ClusterClient,
     conn: script_call::Cached<ClusterConnection>,
+    /// The lock manager's `node_timeout`: how long a call waits for a member.
+    node_timeout: Duration,
 }
 
 /// How many connect timeouts making the cluster connection may take: the seeds, then the
@@ -35,10 +37,12 @@ const DISCOVERY_STEPS: u32 = 3;
 
 impl ClusterNode {
     /// A voter over the cluster that `seeds` (its members' URLs) belong to; `addr` names it
-    /// in messages. Nothing is connected yet.
+    /// in messages; calls wait `node_timeout` for a member, connecting `connect_timeout`.
+    /// Nothing is connected yet.
     pub(crate) fn new(
         seeds: Vec<redis::ConnectionInfo>,
         addr: String,
+        node_timeout: Duration,
         connect_timeout: Duration,
     ) -> Result<Self, RedisError> {
         let client = ClusterClient::builder(seeds)
@@ -52,6 +56,7 @@ impl ClusterNode {
                 client,
                 conn: script_call::Cached::new(connect_timeout * DISCOVERY_STEPS)
                     .renewals_spaced(connect_timeout),
+                node_timeout,
             }),
         })
     }
@@ -86,8 +91,12 @@ impl script_call::Connector for Shared {
     /// response timeout of their own. So a new connection is made in the background (the
     /// seeds asked for the slot map again) and takes over once made; the other members keep
     /// answering on the current one meanwhile. One renewal at a time, a connect timeout
-    /// apart.
-    fn given_up(&self, generation: u64) {
+    /// apart; and none for a call its caller cancelled within half a node timeout (a
+    /// `select!` or a short timeout around `acquire` says nothing about the members).
+    fn given_up(&self, generation: u64, waited: Duration) {
+        if waited < self.node_timeout / 2 {
+            return;
+        }
         let client = self.client.clone();
         self.conn.renew(generation, move || async move {
             client.get_async_connection().await
@@ -182,7 +191,13 @@ mod tests {
             redis::IntoConnectionInfo::into_connection_info("redis://127.0.0.1:1")
                 .expect("valid url"),
         ];
-        ClusterNode::new(seeds, "cluster".into(), Duration::from_secs(1)).expect("client")
+        ClusterNode::new(
+            seeds,
+            "cluster".into(),
+            Duration::from_millis(50),
+            Duration::from_secs(1),
+        )
+        .expect("client")
     }
 
     #[test]

@@ -128,11 +128,11 @@ pub(crate) trait Connector: Send + Sync + 'static {
     /// a failure this kind of node recovers from only by connecting afresh.
     fn forget_after(&self, err: &RedisError, generation: u64) -> impl Future<Output = ()> + Send;
 
-    /// A call on the connection of `generation` was given up before its answer (its
-    /// `node_timeout` passed, or its caller cancelled it): the server may be hung, and this
-    /// kind of node may recover only by connecting afresh (see [`Cached::try_forget`] and
-    /// [`Cached::renew`]). Must not block (it runs on drop).
-    fn given_up(&self, _generation: u64) {}
+    /// A call on the connection of `generation` was given up before its answer, after
+    /// `waited` (its `node_timeout` passed, or its caller cancelled it): the server may be
+    /// hung, and this kind of node may recover only by connecting afresh (see
+    /// [`Cached::try_forget`] and [`Cached::renew`]). Must not block (it runs on drop).
+    fn given_up(&self, _generation: u64, _waited: std::time::Duration) {}
 }
 
 /// A connection made once and shared by a voter that finds its server through others (the
@@ -328,8 +328,9 @@ pub(crate) async fn on<C: Connector, T>(
 ) -> Result<T, NodeFailure> {
     // A connect that failed left nothing to forget.
     let (generation, mut conn) = connector.connection().await?;
-    let mut abandoned = DropGuard::new((connector, generation), |(c, generation)| {
-        c.given_up(*generation);
+    let sent = tokio::time::Instant::now();
+    let mut abandoned = DropGuard::new((connector, generation, sent), |(c, generation, sent)| {
+        c.given_up(*generation, sent.elapsed());
     });
     let result = op(&mut conn).await;
     abandoned.disarm();

@@ -151,7 +151,7 @@ impl script_call::Connector for Shared {
     /// response timeout of its own, so without this a hung master would be kept until TCP
     /// gives up, many minutes later.) When the connection is being made right now, that
     /// attempt stands.
-    fn given_up(&self, generation: u64) {
+    fn given_up(&self, generation: u64, _waited: Duration) {
         self.conn.try_forget(generation);
     }
 }
