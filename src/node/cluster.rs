@@ -11,7 +11,7 @@ use redis::cluster_routing::Slot;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::{RedisError, Value};
 
-use super::{GuardedWrite, KeyRow, Node, Request, script_call};
+use super::{GuardedWrite, KeyRow, Node, Request, cached, script_call};
 use crate::error::NodeFailure;
 
 /// One Redis Cluster, reached through its seed nodes, voting once. The connection is made on
@@ -25,7 +25,7 @@ pub(crate) struct ClusterNode {
 
 struct Shared {
     client: ClusterClient,
-    conn: script_call::Cached<ClusterConnection>,
+    conn: cached::Cached<ClusterConnection>,
     /// The lock manager's `node_timeout`: how long a call waits for a member.
     node_timeout: Duration,
 }
@@ -54,7 +54,7 @@ impl ClusterNode {
             addr,
             shared: Arc::new(Shared {
                 client,
-                conn: script_call::Cached::new(connect_timeout * DISCOVERY_STEPS)
+                conn: cached::Cached::new(connect_timeout * DISCOVERY_STEPS)
                     .renewals_spaced(connect_timeout),
                 node_timeout,
             }),

@@ -2,6 +2,7 @@
 //! its Redis implementation. Unit tests run the same logic over fake nodes.
 
 mod batch;
+mod cached;
 #[cfg(feature = "cluster")]
 mod cluster;
 pub(crate) mod connect;

@@ -14,7 +14,7 @@ use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{AsyncConnectionConfig, RedisError};
 use tokio::sync::Mutex;
 
-use super::{GuardedWrite, KeyRow, Node, Request, script_call};
+use super::{GuardedWrite, KeyRow, Node, Request, cached, script_call};
 use crate::error::NodeFailure;
 
 /// The master named `master` in a Sentinel group, voting once.
@@ -29,7 +29,7 @@ struct Shared {
     /// connections and never answers) costs its connect and response timeouts (1 s and
     /// 0.5 s) before the next one counts, and that takes the whole of a short connect bound.
     clients: Vec<Arc<Mutex<SentinelClient>>>,
-    conn: script_call::Cached<MultiplexedConnection>,
+    conn: cached::Cached<MultiplexedConnection>,
     connect_timeout: Duration,
 }
 
@@ -64,7 +64,7 @@ impl SentinelNode {
             addr,
             shared: Arc::new(Shared {
                 clients,
-                conn: script_call::Cached::new(connect_timeout),
+                conn: cached::Cached::new(connect_timeout),
                 connect_timeout,
             }),
         })
