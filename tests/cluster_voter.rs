@@ -157,11 +157,8 @@ async fn a_lock_across_hash_slots_is_refused_before_any_traffic() {
 #[tokio::test]
 async fn discovery_longer_than_a_node_timeout_still_connects() {
     let cluster = RedisCluster::start();
-    let mut proxies = Vec::new();
-    for seed in cluster.seeds() {
-        let delay = support::proxy::Mode::Delay(Duration::from_millis(40));
-        proxies.push(support::proxy::Proxy::in_front_of(&seed, delay).await);
-    }
+    let delay = support::proxy::Mode::Delay(Duration::from_millis(40));
+    let proxies = support::proxy::Proxy::in_front_of_each(&cluster.seeds(), delay).await;
     let far = Redlock::builder()
         .node(NodeAddr::cluster(proxies.iter().map(|p| p.url())))
         .node_timeout(Duration::from_millis(100))

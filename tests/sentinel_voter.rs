@@ -115,11 +115,8 @@ async fn a_hung_master_is_left_for_the_new_one_after_a_timeout() {
 #[tokio::test]
 async fn discovery_longer_than_a_node_timeout_still_connects() {
     let group = SentinelGroup::start();
-    let mut proxies = Vec::new();
-    for url in group.urls() {
-        let delay = support::proxy::Mode::Delay(Duration::from_millis(40));
-        proxies.push(support::proxy::Proxy::in_front_of(&url, delay).await);
-    }
+    let delay = support::proxy::Mode::Delay(Duration::from_millis(40));
+    let proxies = support::proxy::Proxy::in_front_of_each(&group.urls(), delay).await;
     let far = Redlock::builder()
         .node(NodeAddr::sentinel(
             proxies.iter().map(|p| p.url()).collect::<Vec<_>>(),

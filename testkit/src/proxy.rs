@@ -89,6 +89,15 @@ impl Proxy {
         proxy
     }
 
+    /// A proxy in front of each server of `urls`, all doing `mode` from the start.
+    pub async fn in_front_of_each(urls: &[String], mode: Mode) -> Vec<Proxy> {
+        let mut proxies = Vec::with_capacity(urls.len());
+        for url in urls {
+            proxies.push(Proxy::in_front_of(url, mode).await);
+        }
+        proxies
+    }
+
     /// The proxy's URL, to give to the builder instead of the node's.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
