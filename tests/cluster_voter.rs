@@ -186,8 +186,7 @@ async fn discovery_longer_than_a_node_timeout_still_connects() {
 #[tokio::test]
 async fn a_hung_member_whose_slot_moved_is_left_behind() {
     let cluster = RedisCluster::start();
-    let redlock = Redlock::builder()
-        .node(NodeAddr::cluster(cluster.seeds()))
+    let redlock = builder(std::slice::from_ref(&cluster))
         .node_timeout(Duration::from_millis(300))
         .retry_count(0)
         .build()
@@ -235,8 +234,7 @@ async fn a_hung_member_whose_slot_moved_is_left_behind() {
 #[tokio::test]
 async fn a_cancelled_call_does_not_remake_the_connection() {
     let cluster = RedisCluster::start();
-    let redlock = Redlock::builder()
-        .node(NodeAddr::cluster(cluster.seeds()))
+    let redlock = builder(std::slice::from_ref(&cluster))
         .node_timeout(Duration::from_millis(1_000))
         .retry_count(0)
         .build()
