@@ -43,10 +43,7 @@ impl SentinelNode {
         connect_timeout: Duration,
     ) -> Result<Self, RedisError> {
         if sentinels.is_empty() {
-            return Err(RedisError::from((
-                redis::ErrorKind::EmptySentinelList,
-                "a sentinel voter needs at least one sentinel",
-            )));
+            return Err(no_sentinel());
         }
         let clients = sentinels
             .into_iter()
@@ -83,50 +80,7 @@ impl script_call::Connector for Shared {
             // Every call is bounded by node_timeout; a response timeout would only race it.
             .set_response_timeout(None);
         self.conn
-            .get_or_make(move || async move {
-                // The first sentinel whose master answers as a master wins; the others are
-                // dropped (a hung one included).
-                let mut asked: FuturesUnordered<_> = clients
-                    .into_iter()
-                    .map(|client| {
-                        let config = config.clone();
-                        async move {
-                            client
-                                .lock()
-                                .await
-                                .get_async_connection_with_config(&config)
-                                .await
-                        }
-                    })
-                    .collect();
-                let mut failure: Option<RedisError> = None;
-                while let Some(answer) = asked.next().await {
-                    match answer {
-                        Ok(conn) => return Ok(conn),
-                        // What went wrong with a master a sentinel named (a refused login,
-                        // a master that is not one) says more than a sentinel that does not
-                        // know the name.
-                        Err(err) => {
-                            let unnamed = |e: &RedisError| {
-                                e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel
-                            };
-                            let better = match &failure {
-                                None => true,
-                                Some(kept) => unnamed(kept) && !unnamed(&err),
-                            };
-                            if better {
-                                failure = Some(err);
-                            }
-                        }
-                    }
-                }
-                Err(failure.unwrap_or_else(|| {
-                    RedisError::from((
-                        redis::ErrorKind::EmptySentinelList,
-                        "a sentinel voter needs at least one sentinel",
-                    ))
-                }))
-            })
+            .get_or_make(move || first_master(clients, config))
             .await
     }
 
@@ -154,6 +108,52 @@ impl script_call::Connector for Shared {
     fn given_up(&self, generation: u64, _waited: Duration) {
         self.conn.try_forget(generation);
     }
+}
+
+/// Asks every sentinel at once (one client each) for the master and connects to it: the
+/// first sentinel whose master answers as a master wins, and the others are dropped (a hung
+/// one included). When all fail, an error about a master a sentinel named (a refused login,
+/// a master that is not one) is kept over a sentinel that does not know the name.
+async fn first_master(
+    clients: Vec<Arc<Mutex<SentinelClient>>>,
+    config: AsyncConnectionConfig,
+) -> Result<MultiplexedConnection, RedisError> {
+    let mut asked: FuturesUnordered<_> = clients
+        .into_iter()
+        .map(|client| {
+            let config = config.clone();
+            async move {
+                client
+                    .lock()
+                    .await
+                    .get_async_connection_with_config(&config)
+                    .await
+            }
+        })
+        .collect();
+    let unnamed = |e: &RedisError| e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel;
+    let mut failure: Option<RedisError> = None;
+    while let Some(answer) = asked.next().await {
+        match answer {
+            Ok(conn) => return Ok(conn),
+            Err(err)
+                if failure
+                    .as_ref()
+                    .is_none_or(|kept| unnamed(kept) && !unnamed(&err)) =>
+            {
+                failure = Some(err);
+            }
+            Err(_) => {}
+        }
+    }
+    Err(failure.unwrap_or_else(no_sentinel))
+}
+
+fn no_sentinel() -> RedisError {
+    RedisError::from((
+        redis::ErrorKind::EmptySentinelList,
+        "a sentinel voter needs at least one sentinel",
+    ))
 }
 
 impl Node for SentinelNode {
