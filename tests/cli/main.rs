@@ -1,11 +1,15 @@
 //! The `redfence` binary against real redis-server processes: `run` (exclusion, waiting,
-//! exit codes, signals, loss, `--min-hold`), `status`, `release --force`, usage errors; the
-//! command's own processes (`processes.rs`); a fencing counter that fails once (`fencing.rs`).
+//! exit codes, signals, loss), `status`, `release --force`, usage errors; `--min-hold`
+//! (`hold.rs`); the command's own processes (`processes.rs`); a fencing counter that fails
+//! once (`fencing.rs`);
+//! a terminal's foreground (`terminal.rs`).
 
 mod fencing;
+mod hold;
 mod processes;
 #[path = "../support/mod.rs"]
 mod support;
+mod terminal;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -357,28 +361,6 @@ fn a_lost_majority_stops_the_child_before_the_ttl_runs_out() {
 }
 
 #[test]
-fn min_hold_keeps_the_key_after_a_fast_child() {
-    let servers = Servers::start(3);
-    let files = Files::new();
-    let started = Instant::now();
-    let script = format!("echo done > {}", files.p("done"));
-    let mut run = spawn_run(&servers, &["-r", "job", "--min-hold", "3s"], &script);
-    wait_for("the command", || files.path("done").exists());
-    assert!(
-        holders(&servers, "job") >= 2,
-        "held after the command ended"
-    );
-
-    assert_eq!(wait_exit(&mut run).code(), Some(0));
-    assert!(
-        started.elapsed() >= Duration::from_secs(3),
-        "released after {:?}, before --min-hold",
-        started.elapsed()
-    );
-    assert_eq!(holders(&servers, "job"), 0, "released after --min-hold");
-}
-
-#[test]
 fn status_shows_the_holder_and_its_json_parses() {
     let servers = Servers::start(3);
     let token = "0123456789abcdef0123456789abcdef";
@@ -491,6 +473,18 @@ fn bad_flags_and_urls_exit_64_with_one_line() {
             "touch",
             &ran,
         ],
+        // --max-hold gives the lock up as much as one TTL (30 s) early.
+        vec![
+            "run",
+            "--min-hold",
+            "5s",
+            "--max-hold",
+            "20s",
+            "--",
+            "touch",
+            &ran,
+        ],
+        vec!["run", "--wait", "300000000000y", "--", "touch", &ran],
         vec!["run", "--busy-exit-code", "300", "--", "touch", &ran],
         vec!["run", "touch", &ran],
         vec!["run"],

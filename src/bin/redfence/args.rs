@@ -83,7 +83,8 @@ pub struct RunArgs {
     #[arg(long, value_parser = duration, value_name = "DURATION")]
     pub min_hold: Option<Duration>,
 
-    /// Hold the lock at most this long: then the command gets SIGTERM and redfence exits 79
+    /// Hold the lock at most this long: then the command gets SIGTERM and redfence exits 79.
+    /// The lock is given up when its next extension would end past it, up to one --ttl sooner
     #[arg(long, value_parser = duration, value_name = "DURATION")]
     pub max_hold: Option<Duration>,
 
@@ -138,9 +139,18 @@ pub struct ReleaseArgs {
     pub resources: Vec<String>,
 }
 
-/// A duration in humantime form: `500ms`, `30s`, `5m`, `1h 30m`.
+/// The longest duration a flag takes: a century (a point in time that far ahead can always be
+/// computed; humantime parses values far larger).
+const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
+/// A duration in humantime form: `500ms`, `30s`, `5m`, `1h 30m`; at most a century.
 fn duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text).map_err(|err| format!("{err} (e.g. 500ms, 30s, 5m)"))
+    let duration =
+        humantime::parse_duration(text).map_err(|err| format!("{err} (e.g. 500ms, 30s, 5m)"))?;
+    if duration > MAX_DURATION {
+        return Err("longer than a century".to_owned());
+    }
+    Ok(duration)
 }
 
 #[cfg(test)]

@@ -123,6 +123,31 @@ impl Job {
             .map_err(|err| Failure::new(exit::SOFTWARE, format!("waiting for the command: {err}")))
     }
 
+    /// The job's first process's exit status, if it has exited (its exit may not have been
+    /// seen by [`Job::wait`] yet).
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Passes on a signal redfence received. In a terminal's foreground the job shares
+    /// redfence's process group, and INT, QUIT and HUP come to the whole group (Ctrl-C,
+    /// Ctrl-\\, the terminal hanging up): the job already has its own, and a second one would
+    /// read as "abort the cleanup" to many programs. Those are not passed on there.
+    pub fn forward(&self, signal: Sig) {
+        if self.group.is_none()
+            && matches!(signal, Sig::SIGINT | Sig::SIGQUIT | Sig::SIGHUP)
+            && in_terminal_foreground()
+        {
+            tracing::debug!(
+                ?signal,
+                "the terminal sent it to the command too: not forwarded"
+            );
+            return;
+        }
+        tracing::info!(?signal, "forwarding to the command");
+        self.signal(signal);
+    }
+
     /// Sends `signal` to the job (its group, or its first process), then SIGCONT: a stopped
     /// job (SIGSTOP, or SIGTTIN for reading a terminal it does not own) would otherwise
     /// keep the signal pending, and the lock, for good.
@@ -157,7 +182,18 @@ impl Job {
                     "the command did not stop on SIGTERM; sending SIGKILL"
                 );
                 self.send(Sig::SIGKILL);
-                self.wait().await?
+                // A process stuck in the kernel (a hung NFS mount) outlives SIGKILL: give up on
+                // it after a second, as on the rest of the group, instead of waiting for good.
+                match tokio::time::timeout(AFTER_SIGKILL, self.wait()).await {
+                    Ok(status) => status?,
+                    Err(_) => {
+                        return Err(Failure::new(
+                            exit::LOST,
+                            "the lock was lost while the command ran, and the command was still \
+                             there a second after SIGKILL",
+                        ));
+                    }
+                }
             }
         };
         self.stop_the_rest(deadline.saturating_duration_since(Instant::now()))
@@ -185,10 +221,7 @@ impl Job {
             "processes the command left did not stop on SIGTERM; sending SIGKILL"
         );
         self.send(Sig::SIGKILL);
-        if !self
-            .gone_by(group, Instant::now() + Duration::from_secs(1))
-            .await
-        {
+        if !self.gone_by(group, Instant::now() + AFTER_SIGKILL).await {
             tracing::warn!("processes the command left are still there a second after SIGKILL");
         }
     }
@@ -285,6 +318,9 @@ impl Orphans {
         }
     }
 }
+
+/// How long a process is waited for after SIGKILL.
+const AFTER_SIGKILL: Duration = Duration::from_secs(1);
 
 /// How often [`Job::stop_the_rest`] looks whether the job's processes are gone.
 const POLL: Duration = Duration::from_millis(10);

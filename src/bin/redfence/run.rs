@@ -53,12 +53,16 @@ impl From<Failure> for Stop {
 /// out; failed nodes get [`MIN_ATTEMPTS`] attempts even without `--wait`. A signal while
 /// waiting ends the wait: the command never runs.
 pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
+    // The lock is given up when its next extension would end past --max-hold: up to one TTL
+    // before it. A --min-hold within that TTL could not be kept.
     if let (Some(min), Some(max)) = (args.min_hold, args.max_hold)
-        && min > max
+        && min.saturating_add(args.ttl) > max
     {
         return Err(Failure::usage(format!(
-            "--min-hold ({}) exceeds --max-hold ({})",
+            "--min-hold ({}) plus --ttl ({}) exceeds --max-hold ({}): the lock may be given up \
+             one TTL before --max-hold, so --min-hold could not be kept",
             humantime::format_duration(min),
+            humantime::format_duration(args.ttl),
             humantime::format_duration(max)
         )));
     }
@@ -213,6 +217,11 @@ impl Scope<'_> {
                 biased;
                 status = job.wait() => break status?,
                 error = signal.aborted() => {
+                    // A command that exited just before (its exit not seen yet) ended
+                    // normally: its exit code, not "stopped".
+                    if let Some(status) = job.exited() {
+                        break status;
+                    }
                     // Nothing of the command may run past the lease: the grace is what is
                     // left of it, when that is shorter than --kill-after.
                     let grace = self.args.kill_after.min(signal.remaining());
@@ -230,10 +239,7 @@ impl Scope<'_> {
                     )
                     .into());
                 }
-                received = self.signals.recv() => {
-                    tracing::info!(signal = ?received, "forwarding to the command");
-                    job.signal(received);
-                }
+                received = self.signals.recv() => job.forward(received),
                 () = orphans.exited() => job.reap_orphans(),
             }
         };
@@ -249,7 +255,10 @@ impl Scope<'_> {
     }
 }
 
-/// Keeps the lock (stays in the scope) until `until`, unless it is lost or a signal comes.
+/// Keeps the lock (stays in the scope) until `until`, unless a signal comes. When renewal
+/// stops first (lost, or a renewal limit), the scope stays open while the keys last, so that
+/// leaving it does not delete them early; a hold cut short is an error in the log (shown with
+/// `-q`): a twin may run the same slot.
 async fn hold_until(until: Instant, signal: &Signal, signals: &mut Signals) {
     if Instant::now() >= until {
         return;
@@ -257,11 +266,28 @@ async fn hold_until(until: Instant, signal: &Signal, signals: &mut Signals) {
     tracing::debug!("keeping the lock for --min-hold");
     tokio::select! {
         () = tokio::time::sleep_until(until) => {}
-        error = signal.aborted() => tracing::warn!("during --min-hold: {error}"),
         received = signals.recv() => {
             tracing::info!(signal = ?received, "ending --min-hold early");
         }
+        error = signal.aborted() => {
+            let held_until = until.min(Instant::now() + signal.remaining());
+            tracing::error!(
+                "during --min-hold: {error}; the lock ends {} before --min-hold does",
+                humantime::format_duration(round_to_ms(until.saturating_duration_since(held_until)))
+            );
+            tokio::select! {
+                () = tokio::time::sleep_until(held_until) => {}
+                received = signals.recv() => {
+                    tracing::info!(signal = ?received, "ending --min-hold early");
+                }
+            }
+        }
     }
+}
+
+/// `duration` in whole milliseconds, for a log line.
+fn round_to_ms(duration: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// The resource for a command line: `redfence:run:` and the 64-bit FNV-1a hash of its words,
