@@ -71,7 +71,18 @@ async fn extend_until_stopped(
                 state.abort(error);
                 return End::GaveUp;
             }
-            Step::Extend { at, by } if on_grid(at) <= now => by,
+            Step::Extend { at, by } if start_of(at, &lease) <= now => by,
+            Step::Extend { at, .. } if lease.failed_round.is_some() => {
+                // A retry waits its retry interval exactly, on a timer of its own: moved back
+                // to the grid, rounds that fail at once (a refused connection) would run back
+                // to back.
+                tokio::select! {
+                    biased;
+                    _ = &mut *stop => return End::Stopped,
+                    () = tokio::time::sleep_until(tokio::time::Instant::from_std(at)) => {}
+                }
+                continue;
+            }
             Step::Extend { at, .. } => {
                 // On the shared timer: rounds on the same grid instant share its one entry.
                 let at = tokio::time::Instant::from_std(on_grid(at));
@@ -149,7 +160,16 @@ fn unconfirmed(state: &State, expires_at: Instant) -> Error {
     })
 }
 
-/// The grid extension rounds are aligned to.
+/// When a round planned for `at` starts: a first round on the grid, a retry at `at`.
+fn start_of(at: Instant, lease: &Lease) -> Instant {
+    if lease.failed_round.is_some() {
+        at
+    } else {
+        on_grid(at)
+    }
+}
+
+/// The grid first extension rounds are aligned to.
 const GRID: Duration = Duration::from_millis(25);
 
 /// `at`, moved back to the previous multiple of [`GRID`] (counted from a process-wide

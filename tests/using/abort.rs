@@ -141,3 +141,55 @@ async fn pausing_a_majority_longer_than_the_ttl_aborts_and_frees_the_lock() {
     assert!(servers.holders("job", lock.token(), 0..5).len() >= 3);
     lock.release().await.expect("release");
 }
+
+#[tokio::test]
+async fn failed_rounds_are_retried_a_retry_interval_apart() {
+    let mut servers = Servers::start(3);
+    // Retries every min(threshold / 5, node_timeout) = 20 ms: below the 25 ms grid that first
+    // rounds are aligned to.
+    let retry_interval = 20 * MS;
+    let failed_at = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
+    let sink = failed_at.clone();
+    let redlock = servers
+        .builder()
+        .node_timeout(retry_interval)
+        .on_event(move |e: &Event| {
+            if matches!(e, Event::ExtensionFailed { .. }) {
+                sink.lock().expect("failures").push(Instant::now());
+            }
+        })
+        .build()
+        .expect("config");
+    let killer = &mut servers;
+    let killed = redlock
+        .using(&["job"], Duration::from_secs(2), |signal| async move {
+            // Refused connections: every round fails at once.
+            killer.kill(0);
+            killer.kill(1);
+            let killed = Instant::now();
+            abort_of(&signal).await;
+            Ok::<_, Error>(killed)
+        })
+        .await
+        .expect("using returns the routine's result");
+
+    let failed: Vec<Instant> = failed_at
+        .lock()
+        .expect("failures")
+        .iter()
+        .copied()
+        .filter(|at| *at >= killed)
+        .collect();
+    let (Some(first), Some(last)) = (failed.first(), failed.last()) else {
+        panic!("no failed round after the majority died");
+    };
+    // Round starts are at least a retry interval apart, and each ends within a node timeout
+    // of its start: n rounds span at least (n - 2) intervals.
+    let span = last.duration_since(*first);
+    let most = span.as_millis() / retry_interval.as_millis() + 2;
+    assert!(
+        failed.len() as u128 <= most,
+        "{} failed rounds in {span:?}: retried faster than every {retry_interval:?}",
+        failed.len()
+    );
+}
