@@ -95,14 +95,17 @@ pub(crate) async fn acquire(
         && let Some(delay) = config.backoff.delays().next()
     {
         let watch = watch.insert(shared.hand_off.watch(turn, place.waiter()));
-        let waiting = clock::now();
-        tokio::select! {
-            // Past the deadline: attempt at once instead.
-            _ = sleep_before(delay, deadline) => {}
-            () = watch.released() => {}
+        // Released before the watch existed (that release woke nobody): attempt at once.
+        if turn.held_here() {
+            let waiting = clock::now();
+            tokio::select! {
+                // Past the deadline: attempt at once instead.
+                _ = sleep_before(delay, deadline) => {}
+                () = watch.released() => {}
+            }
+            tries.backoff = tries.backoff.saturating_add(clock::since(waiting));
+            shared.check_open()?;
         }
-        tries.backoff = tries.backoff.saturating_add(clock::since(waiting));
-        shared.check_open()?;
     }
     loop {
         if let Some(watch) = &watch {

@@ -190,12 +190,15 @@ impl Redlock {
     /// reached, and the signal aborts with [`Error::RenewalLimit`] when the next extension
     /// would have been needed: when the remaining validity falls below the threshold.
     ///
-    /// `max_hold` is a hard bound on the keys' life: an extension is made only if it keeps
-    /// the lock within `max_hold` of its acquisition, and a `ttl` above `max_hold` is refused
-    /// ([`InvalidInput::TtlAboveMaxHold`](crate::InvalidInput::TtlAboveMaxHold)). So the signal aborts *before* `max_hold` has
-    /// passed — up to one `ttl` before it, with the threshold left on the last lease — and
-    /// never after. If the routine keeps going, the lock expires on its own by `max_hold`; it
-    /// is still released at the end.
+    /// `max_hold` is a hard bound on the lock's life, on this client's clock: an extension is
+    /// made only if the lease it asks for, counted from the start of its round, ends within
+    /// `max_hold` of the acquisition's start, and a `ttl` above `max_hold` is refused
+    /// ([`InvalidInput::TtlAboveMaxHold`](crate::InvalidInput::TtlAboveMaxHold)). So the
+    /// signal aborts *before* `max_hold` has passed — up to one `ttl` before it, with the
+    /// threshold left on the last lease — and never after. If the routine keeps going, the
+    /// lock expires on its own by `max_hold`; it is still released at the end. A node counts a
+    /// key's TTL from when the request reached it, on its own clock: the keys themselves may
+    /// outlive `max_hold` by the last round's latency and the clocks' drift.
     ///
     /// # Cancellation model
     ///

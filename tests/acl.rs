@@ -287,10 +287,11 @@ async fn fair_mode_works_with_the_readme_rules() {
         let redlock = redlock.clone();
         async move { redlock.acquire(&["invoice:3"], TTL).await }
     });
-    // The waiter took its place on every node.
+    // The waiter took its place on every node, behind the holder (at the head until it
+    // releases).
     assert!(
         support::eventually(|| (0..3)
-            .all(|i| { servers.cmd::<i64>(i, &["ZCARD", "locks:invoice:3:redfence:queue"]) == 1 }))
+            .all(|i| { servers.cmd::<i64>(i, &["ZCARD", "locks:invoice:3:redfence:queue"]) == 2 }))
         .await
     );
     lock.release().await.expect("release");

@@ -2,7 +2,8 @@
 //! already hold, and the fair queue on inputs that once aborted the whole batched script (so
 //! every other lock in the call failed on that node, and writes made before the error
 //! stayed): a queue name that holds another type, thousands of dead waiters, a huge node
-//! timeout; and a resent fair acquire that had already landed.
+//! timeout; a resent fair acquire that had already landed, and a failed one that keeps its
+//! place.
 
 mod support;
 
@@ -155,9 +156,9 @@ async fn fair_mode_with_a_huge_node_timeout_grants_a_free_lock() {
     }
 }
 
-/// A fair acquire resent after a lost connection, when the first one had landed (granted and
-/// out of line), is granted again even though another waiter queued meanwhile: the lock is
-/// ours on that node, and a refusal would keep the clean-up release from deleting it.
+/// A fair acquire resent after a lost connection, when the first one had landed (granted), is
+/// granted again even though another waiter with an earlier ticket queued meanwhile: the lock
+/// is ours on that node, and a refusal would keep the clean-up release from deleting it.
 #[test]
 fn a_resent_fair_acquire_that_had_landed_is_granted_again() {
     let servers = Servers::start(1);
@@ -174,9 +175,54 @@ fn a_resent_fair_acquire_that_had_landed_is_granted_again() {
     let queue: Vec<String> = servers.cmd(0, &["ZRANGE", "res:redfence:queue", "0", "-1"]);
     assert_eq!(
         queue,
-        vec!["w-early".to_owned()],
-        "the repeat stays out of line"
+        vec!["w-early".to_owned(), "w-late".to_owned()],
+        "both stay in line, by ticket, until they release or leave"
     );
+}
+
+/// A fair waiter granted on this node whose attempt failed on the others releases with a
+/// plain "r" (the clean-up of a failed attempt) and keeps its place: the release names it as
+/// the next waiter, and a later waiter is still not served before it.
+#[test]
+fn a_failed_fair_attempt_keeps_its_place_in_line() {
+    let servers = Servers::start(1);
+    let client = redis::Client::open(servers.url(0)).expect("client");
+    let mut listener = client.get_connection().expect("connection");
+    listener
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("read timeout");
+    let mut pubsub = listener.as_pubsub();
+    pubsub
+        .subscribe("redfence:released:res")
+        .expect("subscribe");
+    let fair = |waiter: &'static str, ticket: &'static str, token: &'static str| {
+        ["f", token, "60000", "1", waiter, ticket, "5000"]
+    };
+    let run = |args: &[&str]| batch(&servers, 0, &["res"], args).expect("the batch runs");
+
+    assert_eq!(run(&fair("w1", "10", "tok-1")), vec![redis::Value::Int(1)]);
+    assert_eq!(
+        run(&fair("w2", "20", "tok-2")),
+        vec![redis::Value::Int(0)],
+        "held by w1"
+    );
+    // w1's attempt failed on a majority elsewhere: its clean-up release here.
+    assert_eq!(
+        run(&["r", "tok-1", "60000", "1"]),
+        vec![redis::Value::Int(1)]
+    );
+    let message = pubsub.get_message().expect("the release is announced");
+    assert_eq!(
+        message.get_payload::<String>().expect("payload"),
+        "w1",
+        "the release names w1, still first in line"
+    );
+    assert_eq!(
+        run(&fair("w2", "20", "tok-2")),
+        vec![redis::Value::Int(0)],
+        "w2 is not served before w1"
+    );
+    assert_eq!(run(&fair("w1", "10", "tok-1b")), vec![redis::Value::Int(1)]);
 }
 
 /// The batched script's acquire, by what each key already holds: a free key is taken, a key

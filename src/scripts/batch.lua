@@ -10,7 +10,9 @@
 -- Fair queue of a key K: the sorted set K..":redfence:queue" (waiter by ticket) and
 -- K..":redfence:alive" (waiter by the server time, in ms, its lease ends); a waiter that
 -- has not been heard from for its lease is dropped. "f" grants only the waiter at the head
--- of every key's queue, then takes it out of line.
+-- of every key's queue, and leaves it there: its lock's release ("R") or a leave ("l") takes
+-- it out of line, while an attempt that failed elsewhere releases with "r" and keeps its
+-- place (the release then names it as the next waiter).
 -- A release publishes on "redfence:released:<key>" for each key it deleted while someone
 -- waited for it, so that waiters retry at once; the message is the waiter now at the head of
 -- the key's queue ("" if none). Waiting marks the key (K..":redfence:waiting", for the
@@ -149,10 +151,9 @@ while i <= #ARGV do
     out[n] = "E:WRONGTYPE the fair queue of a key of this lock holds another type"
   elseif kind == "f" and holds(first, last, token) then
     -- A repeat of a grant that landed (the batch was resent after a lost connection): grant
-    -- again with a fresh TTL, and stay out of line.
+    -- again with a fresh TTL.
     for j = first, last do
       redis.call("SET", KEYS[j], token, "PX", ttl)
-      leave(KEYS[j], waiter)
     end
     out[n] = count
   elseif kind == "f" then
@@ -174,11 +175,6 @@ while i <= #ARGV do
     end
     if ours then
       out[n] = acquire(first, last, token, ttl, count)
-      if out[n] == count then
-        for j = first, last do
-          leave(KEYS[j], waiter)
-        end
-      end
     else
       out[n] = 0
     end
