@@ -326,9 +326,14 @@ fn sentinel_node(
         infos.push(client.get_connection_info().clone());
     }
     let connect_timeout = config.node_timeout.max(std::time::Duration::from_secs(1));
-    let node =
-        crate::node::SentinelNode::new(infos, master.to_owned(), addr.clone(), connect_timeout)
-            .map_err(|err| bad(err.to_string()))?;
+    let node = crate::node::SentinelNode::new(
+        infos,
+        master.to_owned(),
+        addr.clone(),
+        config.node_timeout,
+        connect_timeout,
+    )
+    .map_err(|err| bad(err.to_string()))?;
     Ok((Arc::new(node), identities))
 }
 

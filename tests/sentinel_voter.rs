@@ -2,7 +2,8 @@
 //! and after a failover during a hold the voter follows the new master, which still holds the
 //! lock when it was replicated before the failover (the documented behaviour; a grant not yet
 //! replicated is forgotten, like a restart without persistence); a master that hangs is left
-//! for the one the sentinels promote, and a sentinel that hangs is passed over.
+//! for the one the sentinels promote, a call its caller cancels early keeps the connection,
+//! and a sentinel that hangs is passed over.
 #![cfg(feature = "sentinel")]
 
 mod support;
@@ -160,6 +161,36 @@ async fn a_hung_sentinel_is_passed_over() {
     .await;
     assert_eq!(group.servers.get(0, "job").as_deref(), Some(lock.token()));
     lock.release().await.expect("release");
+}
+
+/// A call its caller cancels early (a short timeout around `acquire`) says nothing about the
+/// master: the voter keeps its connection instead of asking the sentinels and connecting
+/// again on the next call.
+#[tokio::test]
+async fn a_cancelled_call_keeps_the_master_connection() {
+    let group = SentinelGroup::start();
+    let redlock = Redlock::builder()
+        .node(NodeAddr::sentinel(group.urls(), MASTER))
+        .node_timeout(Duration::from_millis(1_000))
+        .retry_count(0)
+        .build()
+        .expect("config");
+    let warm = support::acquire_within(&redlock, &["warm"], TTL, support::DEADLINE, "warm").await;
+    warm.release().await.expect("release");
+    let accepted = group.servers.accepted_connections(0);
+    let before = accepted.count();
+    // Paused for far less than the sentinels' down-after (1 s): no failover.
+    group.servers.pause(0);
+    let cut = tokio::time::timeout(Duration::from_millis(50), redlock.acquire(&["job"], TTL)).await;
+    group.servers.resume(0);
+    assert!(cut.is_err(), "the master is paused: {cut:?}");
+    let lock = support::acquire_within(&redlock, &["job"], TTL, support::DEADLINE, "resumed").await;
+    lock.release().await.expect("release");
+    assert_eq!(
+        accepted.count(),
+        before,
+        "the master got a new connection after a cancelled call"
+    );
 }
 
 /// A voter with no sentinel or no master name is refused by `build()`, before any traffic.

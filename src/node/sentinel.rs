@@ -31,15 +31,18 @@ struct Shared {
     clients: Vec<Arc<Mutex<SentinelClient>>>,
     conn: cached::Cached<MultiplexedConnection>,
     connect_timeout: Duration,
+    node_timeout: Duration,
 }
 
 impl SentinelNode {
     /// A voter over the master `master` that the sentinels at `sentinels` watch; `addr`
-    /// names it in messages. Nothing is connected yet.
+    /// names it in messages; calls wait `node_timeout` for the master, connecting
+    /// `connect_timeout`. Nothing is connected yet.
     pub(crate) fn new(
         sentinels: Vec<redis::ConnectionInfo>,
         master: String,
         addr: String,
+        node_timeout: Duration,
         connect_timeout: Duration,
     ) -> Result<Self, RedisError> {
         if sentinels.is_empty() {
@@ -63,6 +66,7 @@ impl SentinelNode {
                 clients,
                 conn: cached::Cached::new(connect_timeout),
                 connect_timeout,
+                node_timeout,
             }),
         })
     }
@@ -104,8 +108,12 @@ impl script_call::Connector for Shared {
     /// replaced by a failover: the next call asks the sentinels again. (The connection has no
     /// response timeout of its own, so without this a hung master would be kept until TCP
     /// gives up, many minutes later.) When the connection is being made right now, that
-    /// attempt stands.
-    fn given_up(&self, generation: u64, _waited: Duration) {
+    /// attempt stands. A call its caller cancelled within half a node timeout (a `select!` or
+    /// a short timeout around `acquire`) says nothing about the master: the connection stays.
+    fn given_up(&self, generation: u64, waited: Duration) {
+        if waited < self.node_timeout / 2 {
+            return;
+        }
         self.conn.try_forget(generation);
     }
 }

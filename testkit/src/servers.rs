@@ -238,6 +238,12 @@ impl Servers {
         }
     }
 
+    /// Counts the connections server `i` accepts from now on, read on one connection of its
+    /// own (opened here), so that reading adds none.
+    pub fn accepted_connections(&self, i: usize) -> AcceptedConnections {
+        AcceptedConnections(std::sync::Mutex::new(self.conn(i)))
+    }
+
     /// A blocking connection to server `i`, for inspection.
     pub fn conn(&self, i: usize) -> redis::Connection {
         self.servers[i]
@@ -318,5 +324,24 @@ impl Drop for Servers {
             // SIGKILL also ends a SIGSTOPped process.
             server.kill();
         }
+    }
+}
+
+/// The connections one server has accepted (`total_connections_received`), read on a
+/// connection of its own: see [`Servers::accepted_connections`].
+pub struct AcceptedConnections(std::sync::Mutex<redis::Connection>);
+
+impl AcceptedConnections {
+    /// How many connections the server has accepted since it started.
+    pub fn count(&self) -> i64 {
+        let mut conn = self.0.lock().expect("probe connection");
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .query(&mut *conn)
+            .expect("INFO stats");
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("total_connections_received")
     }
 }
