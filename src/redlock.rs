@@ -102,9 +102,12 @@ impl Redlock {
     /// - [`Error::Closed`] after [`close`](Self::close).
     ///
     /// Whatever the error, nothing is left locked: a failed attempt releases on every node
-    /// before it returns (waiting for calls still running on slow nodes first, so a hung
-    /// node can make a failed attempt take up to twice `node_timeout`). A call dropped before
-    /// it returns (e.g. under `tokio::time::timeout`) releases in the background.
+    /// that did not refuse it. It waits for the answers still due until one `node_timeout`
+    /// after it started, and for its release on the nodes that answered; on a node that did
+    /// not (hung), the release is queued behind the acquire and finishes in the background
+    /// ([`close`](Self::close) waits for it). So a hung node costs a failed attempt at most
+    /// about one `node_timeout`. A call dropped before it returns (e.g. under
+    /// `tokio::time::timeout`) releases in the background.
     pub async fn acquire(
         &self,
         resources: &[impl AsRef<str>],

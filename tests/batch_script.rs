@@ -34,6 +34,15 @@ fn batch(
     cmd.query(&mut conn)
 }
 
+/// A connection to server 0 for listening, whose reads give up after `timeout`.
+fn listener(servers: &Servers, timeout: Duration) -> redis::Connection {
+    let listener = servers.conn(0);
+    listener
+        .set_read_timeout(Some(timeout))
+        .expect("read timeout");
+    listener
+}
+
 /// A fair acquire on a resource whose queue name holds another type (here a plain string,
 /// e.g. another lock on the resource named `x:redfence:queue`) is that operation's own error,
 /// as a wrong-type resource key is; the locks batched with it are unaffected, and a fair
@@ -186,11 +195,7 @@ fn a_resent_fair_acquire_that_had_landed_is_granted_again() {
 #[test]
 fn a_failed_fair_attempt_keeps_its_place_in_line() {
     let servers = Servers::start(1);
-    let client = redis::Client::open(servers.url(0)).expect("client");
-    let mut listener = client.get_connection().expect("connection");
-    listener
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("read timeout");
+    let mut listener = listener(&servers, Duration::from_secs(5));
     let mut pubsub = listener.as_pubsub();
     pubsub
         .subscribe("redfence:released:res")
@@ -288,11 +293,7 @@ fn the_batch_script_acquires_each_lock_by_what_its_keys_hold() {
 #[test]
 fn a_release_is_announced_only_when_someone_waits() {
     let servers = Servers::start(1);
-    let client = redis::Client::open(servers.url(0)).expect("client");
-    let mut listener = client.get_connection().expect("connection");
-    listener
-        .set_read_timeout(Some(Duration::from_millis(300)))
-        .expect("read timeout");
+    let mut listener = listener(&servers, Duration::from_millis(300));
     let mut pubsub = listener.as_pubsub();
     pubsub.psubscribe("redfence:released:*").expect("subscribe");
     let mut heard = || {

@@ -1,6 +1,7 @@
 //! The per-node pipeline against real redis-server processes: bursts are granted, every lock
 //! in a batch gets its own answer, a bad key fails only its own lock, a killed node fails
-//! its batch without any lock granted short of a majority, and releases follow acquires.
+//! its batch without any lock granted short of a majority, releases follow acquires, and
+//! acquires queued behind a hung call are never sent.
 //! The queue's own connection: a late reply never reaches the next lock, the URL's database
 //! is selected, the script is loaded on connect, and a slow handshake goes on in the
 //! background.
@@ -159,6 +160,78 @@ async fn a_release_runs_after_its_acquire_on_every_node() {
             servers.keys(n).len()
         );
     }
+}
+
+/// Acquires queued behind a call to a hung node are answered with the timeout and never sent
+/// (only their releases are, in order): once the node answers again, none of those locks'
+/// keys is ever set there, not even for a moment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_queued_behind_a_hung_call_never_land_later() {
+    let servers = Servers::start(3);
+    let redlock = servers
+        .builder()
+        .node_timeout(Duration::from_millis(1_000))
+        .retry_count(0)
+        .build()
+        .expect("config");
+    support::warm_up(&redlock).await;
+    // Every SET on node 0 announces itself on a channel, read on a connection of its own.
+    let _: () = servers.cmd(0, &["CONFIG", "SET", "notify-keyspace-events", "E$"]);
+    let mut events = servers.conn(0);
+    events
+        .set_read_timeout(Some(support::DEADLINE))
+        .expect("read timeout");
+    let mut events = events.as_pubsub();
+    events
+        .subscribe(&["__keyevent@0__:set", "marker"])
+        .expect("subscribe");
+
+    servers.pause(0);
+    // The first goes out to node 0 and hangs there; the rest queue behind it.
+    for i in 0..10 {
+        let lock = redlock
+            .acquire(&[format!("r{i}")], TTL)
+            .await
+            .expect("nodes 1 and 2 make the majority");
+        lock.release().await.expect("release");
+    }
+    // A lock held on node 1 and free on node 2 fails only once node 0 has answered too: with
+    // the timeout of the call it hangs on, which answers everything queued behind it.
+    let _: () = servers.cmd(1, &["SET", "witness", "someone-else"]);
+    match redlock.acquire(&["witness"], TTL).await {
+        Err(Error::QuorumUnreachable { errors, .. }) => assert!(
+            errors
+                .iter()
+                .any(|e| e.index == 0 && matches!(e.failure, NodeFailure::Timeout(_))),
+            "{errors:?}"
+        ),
+        other => panic!("expected node 0's timeout, got {other:?}"),
+    }
+    servers.resume(0);
+    // Everything kept to be sent has been sent.
+    redlock.close().await;
+    let _: i64 = servers.cmd(0, &["PUBLISH", "marker", "end"]);
+    let mut set = Vec::new();
+    loop {
+        let message = events.get_message().expect("the marker arrives");
+        if message.get_channel_name() == "marker" {
+            break;
+        }
+        set.push(message.get_payload::<String>().expect("key name"));
+    }
+    // The first lock's acquire was in flight when the node hung: it may land (its release
+    // follows it). None of the others may, nor the witness's. (The connection probes itself
+    // again after a call that timed out, on a key of its own.)
+    assert!(
+        set.iter()
+            .all(|key| key == "r0" || key.ends_with(":redfence:probe")),
+        "acquires queued behind the hung call landed later: {set:?}"
+    );
+    assert!(
+        eventually(|| servers.keys(0).is_empty()).await,
+        "{:?}",
+        servers.keys(0)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -84,6 +84,40 @@ impl Round {
         (self.tally, settled)
     }
 
+    /// Counts in the calls still running that finish by `deadline` (`None`: each bounded by
+    /// its own timeout only); those that do not stay running.
+    async fn finish_by(&mut self, nodes: &Nodes, op: Op, deadline: Option<tokio::time::Instant>) {
+        let Some(deadline) = deadline else {
+            while let Some((index, result)) = self.pending.next().await {
+                self.answered[index] = true;
+                self.tally.record(nodes, op, index, result);
+            }
+            return;
+        };
+        let cutoff = tokio::time::sleep_until(deadline);
+        tokio::pin!(cutoff);
+        loop {
+            let next = tokio::select! {
+                // An answer that comes with the deadline still counts.
+                biased;
+                next = self.pending.next() => next,
+                () = &mut cutoff => return,
+            };
+            let Some((index, result)) = next else {
+                return;
+            };
+            self.answered[index] = true;
+            self.tally.record(nodes, op, index, result);
+        }
+    }
+
+    /// The nodes whose call has not answered yet.
+    fn unanswered(&self) -> Vec<usize> {
+        (0..self.answered.len())
+            .filter(|&index| !self.answered[index])
+            .collect()
+    }
+
     /// Waits for the calls still running (each bounded by the node timeout) and counts them in.
     pub(crate) async fn finish(mut self, nodes: &Nodes, op: Op) -> Tally {
         while let Some((index, result)) = self.pending.next().await {
@@ -159,6 +193,20 @@ async fn fan_out_but(
     after: &Settled,
     skip: &[usize],
 ) -> Round {
+    let calls = start(nodes, req, timeout, after, skip);
+    decide(calls, nodes, req.op, until, skip).await
+}
+
+/// Starts `req`'s call to every node but those in `skip`. A node that orders its own calls
+/// (see `Node::pipelined`) has the request queued by the time this returns, so that it runs
+/// there before anything sent later.
+fn start(
+    nodes: &Nodes,
+    req: &Request,
+    timeout: Duration,
+    after: &Settled,
+    skip: &[usize],
+) -> Calls {
     let calls = nodes
         .iter()
         .enumerate()
@@ -191,14 +239,19 @@ async fn fan_out_but(
             Some(call)
         })
         .collect();
-    let mut pending = Calls(calls);
+    Calls(calls)
+}
+
+/// Counts the outcomes of `pending` (the nodes in `skip` answering 0 at once) until the round
+/// is decided by `until`.
+async fn decide(mut pending: Calls, nodes: &Nodes, op: Op, until: Until, skip: &[usize]) -> Round {
     let mut tally = Tally::new(nodes.len());
     let mut answered = vec![false; nodes.len()];
     // The skipped nodes answer 0 at once (nothing is sent to them).
     for &index in skip {
         if index < nodes.len() && !tally.decided(until) {
             answered[index] = true;
-            tally.record(nodes, req.op, index, Ok(0));
+            tally.record(nodes, op, index, Ok(0));
         }
     }
     while !tally.decided(until) {
@@ -206,7 +259,7 @@ async fn fan_out_but(
             break;
         };
         answered[index] = true;
-        tally.record(nodes, req.op, index, result);
+        tally.record(nodes, op, index, result);
     }
     let pipelined = nodes.iter().map(|node| node.pipelined()).collect();
     Round {
@@ -234,7 +287,7 @@ pub(crate) async fn acquire_round(
     debug_assert_eq!(req.op, Op::Acquire);
     let ttl = Duration::from_millis(req.ttl_ms);
     let start = clock::now();
-    let round = fan_out(nodes, req, node_timeout, Until::Granted, &Settled::none()).await;
+    let mut round = fan_out(nodes, req, node_timeout, Until::Granted, &Settled::none()).await;
     let elapsed = clock::since(start);
     round.tally.trace();
     let reached = round.tally.reached();
@@ -242,12 +295,16 @@ pub(crate) async fn acquire_round(
         let (_, settled) = round.into_parts(tasks);
         return Ok((elapsed + valid, settled));
     }
-    // Let the calls still running land (or time out) first, so that the release follows them
-    // on every node; their outcomes complete the error.
-    let tally = round.finish(nodes, req.op).await;
+    // Failed. The answers still due from the nodes that answer complete the error (and spare
+    // a release where a node refused), until one node timeout after the attempt started; a
+    // node hung past that finishes in the background, so it costs the attempt at most that.
+    let deadline = tokio::time::Instant::from_std(start).checked_add(node_timeout);
+    round.finish_by(nodes, req.op, deadline).await;
+    let hung = round.unanswered();
+    let (tally, settled) = round.into_parts(tasks);
     tally.trace();
-    // A node that refused wrote nothing: only the others need the release.
-    let refused_by = tally.refused_by.clone();
+    // A node that refused wrote nothing: no release there.
+    let refused = tally.refused_by.clone();
     let failed = if reached {
         Failed::Other(Error::NoValidity {
             ttl,
@@ -257,37 +314,67 @@ pub(crate) async fn acquire_round(
     } else {
         tally.acquire_failure()
     };
-    release_everywhere_but(nodes, req, node_timeout, &Settled::none(), &refused_by).await;
+    // Released on every node that did not refuse: waited for where the node answered, so that
+    // nothing is left there when this returns (a process may exit next); queued now behind
+    // its acquire on a hung node, and finished in the background (`close` waits for it).
+    let release = failed_attempt_release(req);
+    let answered: Vec<usize> = (0..nodes.len())
+        .filter(|index| !hung.contains(index))
+        .collect();
+    release_in_background(nodes, &release, node_timeout, &settled, &answered, tasks);
+    let skip: Vec<usize> = refused.iter().chain(&hung).copied().collect();
+    fan_out_but(nodes, &release, node_timeout, Until::All, &settled, &skip)
+        .await
+        .finish(nodes, Op::Release)
+        .await;
     Err(failed)
 }
 
+/// `release` on every node but `skip`: queued now on the nodes that order their calls (so that
+/// it runs before anything sent later), and waited for in a task of `tasks`, each node
+/// bounded by the timeout. Nothing is sent when every node is skipped.
+fn release_in_background(
+    nodes: &Nodes,
+    release: &Request,
+    node_timeout: Duration,
+    after: &Settled,
+    skip: &[usize],
+    tasks: &TaskTracker,
+) {
+    if skip.len() >= nodes.len() {
+        return;
+    }
+    let calls = start(nodes, release, node_timeout, after, skip);
+    let (nodes, skip): (Arc<Nodes>, Vec<usize>) = (nodes.into(), skip.to_vec());
+    tasks.spawn(async move {
+        decide(calls, &nodes, Op::Release, Until::All, &skip)
+            .await
+            .finish(&nodes, Op::Release)
+            .await;
+    });
+}
+
+/// The release that undoes a failed attempt's acquire. It keeps the attempt's place in any
+/// fair queue: only a lock's own release leaves it.
+fn failed_attempt_release(req: &Request) -> Request {
+    Request {
+        op: Op::Release,
+        queue: None,
+        ..req.clone()
+    }
+}
+
 /// Compare-and-delete on every node, waiting for each (bounded by the timeout), so that
-/// nothing of ours is left behind when this returns.
+/// nothing of ours is left behind when this returns (an acquisition whose fencing token could
+/// not be issued).
 pub(crate) async fn release_everywhere(
     nodes: &Nodes,
     req: &Request,
     node_timeout: Duration,
     after: &Settled,
 ) -> Tally {
-    release_everywhere_but(nodes, req, node_timeout, after, &[]).await
-}
-
-/// [`release_everywhere`], except on the nodes in `skip` (they refused the acquire).
-async fn release_everywhere_but(
-    nodes: &Nodes,
-    req: &Request,
-    node_timeout: Duration,
-    after: &Settled,
-    skip: &[usize],
-) -> Tally {
-    // A failed attempt keeps its place in any fair queue: only a lock's own release
-    // leaves it.
-    let release = Request {
-        op: Op::Release,
-        queue: None,
-        ..req.clone()
-    };
-    fan_out_but(nodes, &release, node_timeout, Until::All, after, skip)
+    let release = failed_attempt_release(req);
+    fan_out(nodes, &release, node_timeout, Until::All, after)
         .await
         .finish(nodes, Op::Release)
         .await
