@@ -1,5 +1,5 @@
 //! The keys redfence keeps beside a lock key `K`, by their endings: one list for the Rust code
-//! and a test that `scripts/batch.lua` spells them the same.
+//! and a test that `scripts/batch.lua` and `scripts/force_release.lua` spell them the same.
 
 /// `K:redfence:waiting`, the waiting mark: a refused acquire or a fair waiter sets it, and the
 /// release that deletes it publishes on `redfence:released:K` (see `scripts/batch.lua`).
@@ -22,12 +22,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_batch_script_uses_the_same_endings_and_minimum() {
+    fn the_scripts_use_the_same_endings_and_minimum() {
         let script = include_str!("scripts/batch.lua");
         let declared =
             format!("local QUEUE, ALIVE, WAITING = \"{QUEUE}\", \"{ALIVE}\", \"{WAITING}\"");
         assert!(script.contains(&declared), "batch.lua declares {declared}");
         let minimum = format!("local MIN_WAIT_MARK = {MIN_WAIT_MARK_MS}\n");
         assert!(script.contains(&minimum), "batch.lua declares {minimum}");
+        let forced = include_str!("scripts/force_release.lua");
+        assert!(
+            forced.contains(&declared),
+            "force_release.lua declares {declared}"
+        );
     }
 }

@@ -189,3 +189,51 @@ async fn check_reports_two_nodes_that_are_one_server() {
         "{events:?}"
     );
 }
+
+/// A forced release stands in for a fair holder's own release: the holder (which stays at the
+/// head of the nodes' line while it holds) leaves the line with its key, and the waiters are
+/// told at once, so the next one gets the resource long before its retry delay or the
+/// holder's place would have run out.
+#[tokio::test]
+async fn a_forced_release_hands_a_fair_resource_to_its_waiter() {
+    let servers = Servers::start(3);
+    // Waiters that poll every 5 s, and places in line that last 15 s.
+    let fair = || {
+        servers
+            .builder()
+            .fair(true)
+            .node_timeout(Duration::from_millis(500))
+            .backoff(redfence::Backoff::fixed(Duration::from_secs(5), Duration::ZERO).retries(10))
+            .build()
+            .expect("valid config")
+    };
+    let (holder, waiter) = (fair(), fair());
+    support::warm_up(&holder).await;
+    support::warm_up(&waiter).await;
+    let held = holder
+        .acquire(&["job"], Duration::from_secs(60))
+        .await
+        .expect("holder");
+    let waiting =
+        tokio::spawn(async move { waiter.acquire(&["job"], Duration::from_secs(60)).await });
+    // The waiter stands in line behind the holder on every node.
+    assert!(
+        eventually(|| (0..3).all(|i| servers.cmd::<i64>(i, &["ZCARD", "job:redfence:queue"]) == 2))
+            .await,
+        "the waiter did not take its place"
+    );
+    let forced = std::time::Instant::now();
+    servers
+        .redlock()
+        .force_release(&["job"])
+        .await
+        .expect("force");
+    let next = tokio::time::timeout(Duration::from_secs(3), waiting)
+        .await
+        .expect("the waiter got the resource within 3 s of the forced release")
+        .expect("waiter task")
+        .expect("acquired");
+    assert!(forced.elapsed() < Duration::from_secs(3));
+    next.release().await.expect("release");
+    drop(held);
+}

@@ -53,6 +53,8 @@ struct Inner {
     eviction: Mutex<String>,
     /// Guarded writes (the election's record) never answer.
     writes_hang: std::sync::atomic::AtomicBool,
+    /// Whether it says it orders and bounds its own calls (see `Node::pipelined`).
+    pipelined: std::sync::atomic::AtomicBool,
 }
 
 impl FakeNode {
@@ -73,6 +75,14 @@ impl FakeNode {
         if let Ok(mut b) = self.inner.behaviour.lock() {
             b.insert(op, behaviour);
         }
+    }
+
+    /// From now on, says it orders and bounds its own calls, as a node's queue does: rounds
+    /// then neither gate nor time its calls.
+    pub(crate) fn set_pipelined(&self) {
+        self.inner
+            .pipelined
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Answers every kind of request as `behaviour` says.
@@ -176,6 +186,12 @@ impl Inner {
 }
 
 impl Node for FakeNode {
+    fn pipelined(&self) -> bool {
+        self.inner
+            .pipelined
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     fn call(&self, req: &Request) -> BoxFuture<'static, Result<i64, NodeFailure>> {
         let behaviour = self
             .inner

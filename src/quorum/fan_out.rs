@@ -72,7 +72,15 @@ impl Round {
             return (self.tally, Settled::none());
         }
         let (done, rx) = watch::channel(false);
+        // Only those: a pipelined node's call, dropped, still runs to its end, and it may be
+        // answered long after the node timeout under load (queued behind others), which a
+        // gated call must not wait for.
         let mut pending = self.pending;
+        for (call, pipelined) in pending.0.iter_mut().zip(&self.pipelined) {
+            if *pipelined {
+                *call = None;
+            }
+        }
         tasks.spawn(async move {
             while pending.next().await.is_some() {}
             let _ = done.send(true);
@@ -82,40 +90,6 @@ impl Round {
             done: rx,
         };
         (self.tally, settled)
-    }
-
-    /// Counts in the calls still running that finish by `deadline` (`None`: each bounded by
-    /// its own timeout only); those that do not stay running.
-    async fn finish_by(&mut self, nodes: &Nodes, op: Op, deadline: Option<tokio::time::Instant>) {
-        let Some(deadline) = deadline else {
-            while let Some((index, result)) = self.pending.next().await {
-                self.answered[index] = true;
-                self.tally.record(nodes, op, index, result);
-            }
-            return;
-        };
-        let cutoff = tokio::time::sleep_until(deadline);
-        tokio::pin!(cutoff);
-        loop {
-            let next = tokio::select! {
-                // An answer that comes with the deadline still counts.
-                biased;
-                next = self.pending.next() => next,
-                () = &mut cutoff => return,
-            };
-            let Some((index, result)) = next else {
-                return;
-            };
-            self.answered[index] = true;
-            self.tally.record(nodes, op, index, result);
-        }
-    }
-
-    /// The nodes whose call has not answered yet.
-    fn unanswered(&self) -> Vec<usize> {
-        (0..self.answered.len())
-            .filter(|&index| !self.answered[index])
-            .collect()
     }
 
     /// Waits for the calls still running (each bounded by the node timeout) and counts them in.
@@ -287,7 +261,7 @@ pub(crate) async fn acquire_round(
     debug_assert_eq!(req.op, Op::Acquire);
     let ttl = Duration::from_millis(req.ttl_ms);
     let start = clock::now();
-    let mut round = fan_out(nodes, req, node_timeout, Until::Granted, &Settled::none()).await;
+    let round = fan_out(nodes, req, node_timeout, Until::Granted, &Settled::none()).await;
     let elapsed = clock::since(start);
     round.tally.trace();
     let reached = round.tally.reached();
@@ -295,16 +269,20 @@ pub(crate) async fn acquire_round(
         let (_, settled) = round.into_parts(tasks);
         return Ok((elapsed + valid, settled));
     }
-    // Failed. The answers still due from the nodes that answer complete the error (and spare
-    // a release where a node refused), until one node timeout after the attempt started; a
-    // node hung past that finishes in the background, so it costs the attempt at most that.
-    let deadline = tokio::time::Instant::from_std(start).checked_add(node_timeout);
-    round.finish_by(nodes, req.op, deadline).await;
-    let hung = round.unanswered();
-    let (tally, settled) = round.into_parts(tasks);
+    // Failed. The answers still due complete the error (each bounded: a hung node answers
+    // with the node timeout) and spare a release where a node refused.
+    let tally = round.finish(nodes, req.op).await;
     tally.trace();
-    // A node that refused wrote nothing: no release there.
-    let refused = tally.refused_by.clone();
+    // A node that refused wrote nothing: no release there. One that failed or timed out may
+    // have taken the write: released in the background, queued now behind its acquire
+    // (`close` waits for it), since waiting for a node that just timed out could cost the
+    // attempt another node timeout. The nodes that granted are waited for, so that nothing
+    // is left there when this returns (a process may exit next).
+    let failed_on: Vec<usize> = tally.errors.iter().map(|e| e.index).collect();
+    let settled_on: Vec<usize> = (0..nodes.len())
+        .filter(|index| !failed_on.contains(index))
+        .collect();
+    let skip: Vec<usize> = tally.refused_by.iter().chain(&failed_on).copied().collect();
     let failed = if reached {
         Failed::Other(Error::NoValidity {
             ttl,
@@ -314,19 +292,19 @@ pub(crate) async fn acquire_round(
     } else {
         tally.acquire_failure()
     };
-    // Released on every node that did not refuse: waited for where the node answered, so that
-    // nothing is left there when this returns (a process may exit next); queued now behind
-    // its acquire on a hung node, and finished in the background (`close` waits for it).
     let release = failed_attempt_release(req);
-    let answered: Vec<usize> = (0..nodes.len())
-        .filter(|index| !hung.contains(index))
-        .collect();
-    release_in_background(nodes, &release, node_timeout, &settled, &answered, tasks);
-    let skip: Vec<usize> = refused.iter().chain(&hung).copied().collect();
-    fan_out_but(nodes, &release, node_timeout, Until::All, &settled, &skip)
-        .await
-        .finish(nodes, Op::Release)
-        .await;
+    release_in_background(nodes, &release, node_timeout, &settled_on, tasks);
+    fan_out_but(
+        nodes,
+        &release,
+        node_timeout,
+        Until::All,
+        &Settled::none(),
+        &skip,
+    )
+    .await
+    .finish(nodes, Op::Release)
+    .await;
     Err(failed)
 }
 
@@ -337,14 +315,13 @@ fn release_in_background(
     nodes: &Nodes,
     release: &Request,
     node_timeout: Duration,
-    after: &Settled,
     skip: &[usize],
     tasks: &TaskTracker,
 ) {
     if skip.len() >= nodes.len() {
         return;
     }
-    let calls = start(nodes, release, node_timeout, after, skip);
+    let calls = start(nodes, release, node_timeout, &Settled::none(), skip);
     let (nodes, skip): (Arc<Nodes>, Vec<usize>) = (nodes.into(), skip.to_vec());
     tasks.spawn(async move {
         decide(calls, &nodes, Op::Release, Until::All, &skip)

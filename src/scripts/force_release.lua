@@ -1,5 +1,10 @@
 -- Force release: as inspect.lua, then deletes every key that exists, whoever holds it.
 -- KEYS = the keys to delete. The operator's break-glass, outside the lock protocol.
+-- Also deletes each key's fair queue and waiting mark (a fair holder stays at the head of its
+-- queue until its own release, which a forced release stands in for) and announces the
+-- release to every waiter; waiters take their places again, by their tickets, on their next
+-- attempt. Best effort: a user whose ACL does not cover those keys still deletes the key.
+local QUEUE, ALIVE, WAITING = ":redfence:queue", ":redfence:alive", ":redfence:waiting"
 local out = {}
 for i, key in ipairs(KEYS) do
   local kind = redis.call('TYPE', key)['ok']
@@ -7,5 +12,9 @@ for i, key in ipairs(KEYS) do
   if kind == 'string' then value = redis.call('GET', key) end
   out[i] = {kind, value, redis.call('PTTL', key)}
   if kind ~= 'none' then redis.call('DEL', key) end
+  local helpers = redis.pcall('DEL', key .. QUEUE, key .. ALIVE, key .. WAITING)
+  if type(helpers) == 'number' and helpers > 0 then
+    redis.pcall('PUBLISH', 'redfence:released:' .. key, '')
+  end
 end
 return out

@@ -257,6 +257,35 @@ async fn a_release_never_overtakes_the_acquire_it_follows() {
     assert_eq!(fakes[0].seen()[1].started, t0);
 }
 
+/// A later call to a node that does not order its own calls waits for that node's earlier
+/// call only, not for a pipelined node's, which may answer long after the node timeout (queued
+/// behind others under load): waiting for it, the gated call ran out of time and was never
+/// sent.
+#[tokio::test(start_paused = true)]
+async fn a_gated_call_waits_for_its_own_node_only() {
+    use Fake::*;
+    let (fakes, nodes) = fakes(&[Grant, Grant, Grant, Slow(200 * MS), Slow(40 * MS)]);
+    fakes[3].set_pipelined();
+    let req = request();
+    let t0 = tokio::time::Instant::now();
+    let (_, settled) = acquire(&nodes, &req).await.expect("granted at once");
+    let release = Request {
+        op: Op::Release,
+        ..req
+    };
+    fan_out(&nodes, &release, TIMEOUT, Until::All, &settled)
+        .await
+        .finish(&nodes, Op::Release)
+        .await;
+    let slow = fakes[4].seen();
+    assert_eq!(
+        slow.iter().map(|s| s.op).collect::<Vec<_>>(),
+        [Op::Acquire, Op::Release],
+        "the gated release was never sent"
+    );
+    assert_eq!(slow[1].started, t0 + 40 * MS, "{slow:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_hung_node_costs_each_round_at_most_one_timeout() {
     use Fake::*;
