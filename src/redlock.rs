@@ -366,6 +366,12 @@ impl Redlock {
     /// storage that rejects stale tokens, keeps that safe. A node that failed still holds its
     /// key until it expires; the lock is free once a majority has deleted it.
     ///
+    /// It also deletes each key's fair queue and waiting mark (a fair holder stays at the head
+    /// of its queue until its own release, which this stands in for) and announces the
+    /// release, so that waiters retry at once; the first to retry then heads the queue on
+    /// that node. On a Cluster voter, or with an ACL that does not cover those keys, only the
+    /// lock keys are deleted.
+    ///
     /// # Errors
     ///
     /// [`Error::InvalidInput`], as for [`inspect`](Self::inspect), before any traffic.

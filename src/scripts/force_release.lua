@@ -2,8 +2,9 @@
 -- KEYS = the keys to delete. The operator's break-glass, outside the lock protocol.
 -- Also deletes each key's fair queue and waiting mark (a fair holder stays at the head of its
 -- queue until its own release, which a forced release stands in for) and announces the
--- release to every waiter; waiters take their places again, by their tickets, on their next
--- attempt. Best effort: a user whose ACL does not cover those keys still deletes the key.
+-- release to every waiter; waiters take their places again on their next attempt (the first
+-- to retry heads the queue on this node). Best effort: a user whose ACL does not cover those
+-- keys, or a Cluster (they may lie in other slots), still deletes the key.
 local QUEUE, ALIVE, WAITING = ":redfence:queue", ":redfence:alive", ":redfence:waiting"
 local out = {}
 for i, key in ipairs(KEYS) do
