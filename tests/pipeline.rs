@@ -168,9 +168,10 @@ async fn a_release_runs_after_its_acquire_on_every_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquires_queued_behind_a_hung_call_never_land_later() {
     let servers = Servers::start(3);
+    // Long enough for the loop below to finish while the first call hangs.
     let redlock = servers
         .builder()
-        .node_timeout(Duration::from_millis(1_000))
+        .node_timeout(Duration::from_secs(2))
         .retry_count(0)
         .build()
         .expect("config");
