@@ -279,7 +279,7 @@ pub(crate) async fn acquire_round(
     // attempt another node timeout. The nodes that granted are waited for, so that nothing
     // is left there when this returns (a process may exit next).
     let failed_on: Vec<usize> = tally.errors.iter().map(|e| e.index).collect();
-    let settled_on: Vec<usize> = (0..nodes.len())
+    let answered_on: Vec<usize> = (0..nodes.len())
         .filter(|index| !failed_on.contains(index))
         .collect();
     let skip: Vec<usize> = tally.refused_by.iter().chain(&failed_on).copied().collect();
@@ -293,7 +293,7 @@ pub(crate) async fn acquire_round(
         tally.acquire_failure()
     };
     let release = failed_attempt_release(req);
-    release_in_background(nodes, &release, node_timeout, &settled_on, tasks);
+    release_in_background(nodes, &release, node_timeout, &answered_on, tasks);
     fan_out_but(
         nodes,
         &release,
