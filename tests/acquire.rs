@@ -376,12 +376,7 @@ async fn a_dropped_lock_releases_itself() {
 #[tokio::test]
 async fn a_key_of_another_type_is_a_node_error_not_a_panic() {
     let servers = Servers::start(5);
-    let redlock = servers
-        .builder()
-        .retry_count(0)
-        .node_timeout(PATIENT)
-        .build()
-        .expect("config");
+    let redlock = servers.one_attempt(PATIENT);
     // Someone stored a hash at the key on three nodes.
     for i in 0..3 {
         let _: i64 = servers.cmd(i, &["HSET", "job", "field", "value"]);

@@ -34,12 +34,7 @@ async fn behind_proxies() -> (Servers, Vec<Proxy>, Redlock) {
 /// A second client that talks to the servers directly.
 fn rival(servers: &Servers) -> Redlock {
     // Its one attempt opens new connections: a node timeout a loaded machine can meet.
-    servers
-        .builder()
-        .retry_count(0)
-        .node_timeout(Duration::from_millis(500))
-        .build()
-        .expect("config")
+    servers.one_attempt(Duration::from_millis(500))
 }
 
 #[tokio::test]

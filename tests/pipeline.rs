@@ -53,12 +53,7 @@ async fn a_burst_of_five_thousand_is_all_granted_on_a_majority() {
 async fn each_lock_in_a_batch_gets_its_own_answer() {
     let servers = Servers::start(3);
     // Every node's answer counts (denied: 3): a node timeout a loaded machine can meet.
-    let redlock = servers
-        .builder()
-        .retry_count(0)
-        .node_timeout(Duration::from_millis(500))
-        .build()
-        .expect("config");
+    let redlock = servers.one_attempt(Duration::from_millis(500));
     support::warm_up(&redlock).await;
     // Half the resources are held by someone else on every node; the other half are free.
     for n in 0..3 {
@@ -169,12 +164,7 @@ async fn a_release_runs_after_its_acquire_on_every_node() {
 async fn acquires_queued_behind_a_hung_call_never_land_later() {
     let servers = Servers::start(3);
     // Long enough for the loop below to finish while the first call hangs.
-    let redlock = servers
-        .builder()
-        .node_timeout(Duration::from_secs(2))
-        .retry_count(0)
-        .build()
-        .expect("config");
+    let redlock = servers.one_attempt(Duration::from_secs(2));
     support::warm_up(&redlock).await;
     // Every SET on node 0 announces itself on a channel, read on a connection of its own.
     let _: () = servers.cmd(0, &["CONFIG", "SET", "notify-keyspace-events", "E$"]);
@@ -239,12 +229,7 @@ async fn acquires_queued_behind_a_hung_call_never_land_later() {
 async fn a_late_reply_is_never_handed_to_the_next_lock() {
     // One node, so that its answer alone decides each lock.
     let servers = Servers::start(1);
-    let redlock = servers
-        .builder()
-        .retry_count(0)
-        .node_timeout(Duration::from_millis(50))
-        .build()
-        .expect("config");
+    let redlock = servers.one_attempt(Duration::from_millis(50));
     support::warm_up(&redlock).await;
     let _: () = servers.cmd(0, &["SET", "late:held", "someone-else"]);
     // Calls that time out while the node is stopped: their replies (refusals, and the
@@ -365,12 +350,7 @@ fn current_thread_runtime() -> tokio::runtime::Runtime {
 #[test]
 fn a_call_from_another_runtime_fails_in_time_while_the_queues_runtime_is_idle() {
     let servers = Servers::start(3);
-    let redlock = servers
-        .builder()
-        .node_timeout(Duration::from_millis(100))
-        .retry_count(0)
-        .build()
-        .expect("config");
+    let redlock = servers.one_attempt(Duration::from_millis(100));
     // The node queues start on this runtime, which then stays alive but idle. Every node's
     // connection is made first: a connect still running on the idle runtime would hold up
     // `close` below (a limit this test does not cover).

@@ -18,12 +18,7 @@ async fn one_or_two_of_five_down_still_lock() {
         }
         // Patient nodes: every live node's first call must land (no retry), on a new
         // connection.
-        let redlock = servers
-            .builder()
-            .retry_count(0)
-            .node_timeout(Duration::from_millis(500))
-            .build()
-            .expect("config");
+        let redlock = servers.one_attempt(Duration::from_millis(500));
         let mut lock = redlock
             .acquire(&["job"], TTL)
             .await
@@ -88,12 +83,7 @@ async fn three_of_five_down_fails_closed_and_leaves_nothing() {
 async fn paused_nodes_cost_at_most_the_node_timeout() {
     let servers = Servers::start(5);
     let node_timeout = Duration::from_millis(300);
-    let redlock = servers
-        .builder()
-        .node_timeout(node_timeout)
-        .retry_count(0)
-        .build()
-        .expect("config");
+    let redlock = servers.one_attempt(node_timeout);
     // Warm the connections so that connecting is not measured.
     support::warm_up(&redlock).await;
 
@@ -156,15 +146,10 @@ async fn paused_nodes_cost_at_most_the_node_timeout() {
 async fn a_hung_node_costs_a_contended_attempt_one_node_timeout() {
     let servers = Servers::start(5);
     let node_timeout = Duration::from_secs(2);
-    let redlock = || {
-        servers
-            .builder()
-            .node_timeout(node_timeout)
-            .retry_count(0)
-            .build()
-            .expect("config")
-    };
-    let (holder, contender) = (redlock(), redlock());
+    let (holder, contender) = (
+        servers.one_attempt(node_timeout),
+        servers.one_attempt(node_timeout),
+    );
     support::warm_up(&holder).await;
     support::warm_up(&contender).await;
     let lock = holder.acquire(&["job"], TTL).await.expect("holder");

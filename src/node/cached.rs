@@ -219,6 +219,13 @@ mod tests {
         }
     }
 
+    /// What a caller gets now: the cached connection, or one made at once.
+    async fn got(cached: &Cached<u32>, calls: &Arc<AtomicU32>) -> Result<(u64, u32), RedisError> {
+        cached
+            .get_or_make(maker(calls, Duration::ZERO, false))
+            .await
+    }
+
     #[tokio::test(start_paused = true)]
     async fn callers_waiting_on_a_failed_attempt_share_its_error() {
         let cached = Arc::new(Cached::<u32>::new(Duration::from_secs(1)));
@@ -241,9 +248,7 @@ mod tests {
             "one attempt for five callers"
         );
         // A caller that comes after the failure tries again.
-        let made = cached
-            .get_or_make(maker(&calls, Duration::ZERO, false))
-            .await;
+        let made = got(&cached, &calls).await;
         assert_eq!(made.expect("made"), (1, 2));
     }
 
@@ -251,30 +256,18 @@ mod tests {
     async fn a_connection_is_forgotten_only_by_its_own_generation() {
         let cached = Cached::<u32>::new(Duration::from_secs(1));
         let calls = Arc::new(AtomicU32::new(0));
-        let (first, _) = cached
-            .get_or_make(maker(&calls, Duration::ZERO, false))
-            .await
-            .expect("made");
+        let (first, _) = got(&cached, &calls).await.expect("made");
         cached.forget(first).await;
-        let (second, conn) = cached
-            .get_or_make(maker(&calls, Duration::ZERO, false))
-            .await
-            .expect("made again");
+        let (second, conn) = got(&cached, &calls).await.expect("made again");
         assert_eq!((second, conn), (2, 2));
         // A late forget for the first connection leaves the second alone.
         cached.forget(first).await;
         cached.try_forget(first);
-        let again = cached
-            .get_or_make(maker(&calls, Duration::ZERO, false))
-            .await
-            .expect("cached");
+        let again = got(&cached, &calls).await.expect("cached");
         assert_eq!(again, (2, 2));
         assert_eq!(calls.load(Ordering::SeqCst), 2);
         cached.try_forget(second);
-        let third = cached
-            .get_or_make(maker(&calls, Duration::ZERO, false))
-            .await
-            .expect("made a third time");
+        let third = got(&cached, &calls).await.expect("made a third time");
         assert_eq!(third, (3, 3));
     }
 
@@ -283,23 +276,16 @@ mod tests {
         let timeout = Duration::from_secs(1);
         let cached = Cached::<u32>::new(timeout);
         let calls = Arc::new(AtomicU32::new(0));
-        let first = cached
-            .get_or_make(maker(&calls, Duration::ZERO, false))
-            .await
-            .expect("made");
+        let first = got(&cached, &calls).await.expect("made");
         assert_eq!(first, (1, 1));
         cached.renew(1, maker(&calls, Duration::from_millis(500), false));
         // Under way: callers keep the first connection, and a second renewal does nothing.
         cached.renew(1, maker(&calls, Duration::ZERO, false));
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let now = cached
-            .get_or_make(maker(&calls, Duration::ZERO, false))
-            .await;
+        let now = got(&cached, &calls).await;
         assert_eq!(now.expect("cached"), (1, 1));
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let now = cached
-            .get_or_make(maker(&calls, Duration::ZERO, false))
-            .await;
+        let now = got(&cached, &calls).await;
         assert_eq!(now.expect("renewed"), (2, 2));
         assert_eq!(calls.load(Ordering::SeqCst), 2, "one renewal");
         // Spaced from the end of the last one, and never for an old generation.
@@ -317,9 +303,7 @@ mod tests {
         cached.renew(2, maker(&calls, Duration::ZERO, true));
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert_eq!(calls.load(Ordering::SeqCst), 3);
-        let now = cached
-            .get_or_make(maker(&calls, Duration::ZERO, false))
-            .await;
+        let now = got(&cached, &calls).await;
         assert_eq!(now.expect("kept"), (2, 2));
     }
 
@@ -327,21 +311,15 @@ mod tests {
     async fn a_renewal_never_replaces_a_newer_connection_and_fills_a_forgotten_one() {
         let cached = Cached::<u32>::new(Duration::from_secs(1)).renewals_spaced(Duration::ZERO);
         let calls = Arc::new(AtomicU32::new(0));
-        let made = cached
-            .get_or_make(maker(&calls, Duration::ZERO, false))
-            .await;
+        let made = got(&cached, &calls).await;
         assert_eq!(made.expect("made"), (1, 1));
         // Forgotten while renewing, and made again by a call: the renewal is dropped.
         cached.renew(1, maker(&calls, Duration::from_millis(500), false));
         cached.forget(1).await;
-        let again = cached
-            .get_or_make(maker(&calls, Duration::ZERO, false))
-            .await;
+        let again = got(&cached, &calls).await;
         assert_eq!(again.expect("made again"), (2, 3));
         tokio::time::sleep(Duration::from_millis(600)).await;
-        let now = cached
-            .get_or_make(maker(&calls, Duration::ZERO, false))
-            .await;
+        let now = got(&cached, &calls).await;
         assert_eq!(
             now.expect("kept"),
             (2, 3),
@@ -351,9 +329,7 @@ mod tests {
         cached.renew(2, maker(&calls, Duration::from_millis(500), false));
         cached.forget(2).await;
         tokio::time::sleep(Duration::from_millis(600)).await;
-        let now = cached
-            .get_or_make(maker(&calls, Duration::ZERO, false))
-            .await;
+        let now = got(&cached, &calls).await;
         assert_eq!(now.expect("renewed"), (3, 4));
         assert_eq!(calls.load(Ordering::SeqCst), 4);
     }

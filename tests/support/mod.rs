@@ -18,6 +18,16 @@ pub trait TestRedlock {
     fn redlock(&self) -> Redlock {
         self.builder().build().expect("valid test config")
     }
+
+    /// A `Redlock` over every server that makes one attempt per acquisition (no retry), each
+    /// node call bounded by `node_timeout`: one answer per node, as the test set it up.
+    fn one_attempt(&self, node_timeout: Duration) -> Redlock {
+        self.builder()
+            .retry_count(0)
+            .node_timeout(node_timeout)
+            .build()
+            .expect("valid test config")
+    }
 }
 
 impl TestRedlock for Servers {

@@ -19,12 +19,7 @@ async fn a_routine_running_five_ttls_keeps_the_lock_throughout() {
             .node_timeout(250 * MS)
             .automatic_extension_threshold(400 * MS),
     );
-    let competitor = servers
-        .builder()
-        .node_timeout(250 * MS)
-        .retry_count(0)
-        .build()
-        .expect("config");
+    let competitor = servers.one_attempt(250 * MS);
 
     let started = Instant::now();
     let refused = redlock
