@@ -47,6 +47,13 @@ impl Calls {
     }
 }
 
+impl Calls {
+    /// Waits for every call (each bounded), whatever it answers.
+    async fn drain(mut self) {
+        while self.next().await.is_some() {}
+    }
+}
+
 /// A decided round: the votes, and the calls still running when it was decided.
 pub(crate) struct Round {
     pub(crate) tally: Tally,
@@ -82,7 +89,7 @@ impl Round {
             }
         }
         tasks.spawn(async move {
-            while pending.next().await.is_some() {}
+            pending.drain().await;
             let _ = done.send(true);
         });
         let settled = Settled {
@@ -154,38 +161,25 @@ pub(crate) async fn fan_out(
     until: Until,
     after: &Settled,
 ) -> Round {
-    fan_out_but(nodes, req, timeout, until, after, &[]).await
+    let calls = calls_to(nodes, req, timeout, after, |_| true);
+    decide(calls, nodes, req.op, until).await
 }
 
-/// [`fan_out`], except to the nodes in `skip`, which count as having answered 0 at once
-/// (nothing is sent to them).
-async fn fan_out_but(
-    nodes: &Nodes,
-    req: &Request,
-    timeout: Duration,
-    until: Until,
-    after: &Settled,
-    skip: &[usize],
-) -> Round {
-    let calls = start(nodes, req, timeout, after, skip);
-    decide(calls, nodes, req.op, until, skip).await
-}
-
-/// Starts `req`'s call to every node but those in `skip`. A node that orders its own calls
-/// (see `Node::pipelined`) has the request queued by the time this returns, so that it runs
-/// there before anything sent later.
-fn start(
+/// Starts `req`'s call to every node whose index `to` takes. A node that orders its own
+/// calls (see `Node::pipelined`) has the request queued by the time this returns, so that it
+/// runs there before anything sent later.
+fn calls_to(
     nodes: &Nodes,
     req: &Request,
     timeout: Duration,
     after: &Settled,
-    skip: &[usize],
+    to: impl Fn(usize) -> bool,
 ) -> Calls {
     let calls = nodes
         .iter()
         .enumerate()
         .map(|(index, node)| {
-            if skip.contains(&index) {
+            if !to(index) {
                 return None;
             }
             let call = node.call(req);
@@ -216,18 +210,10 @@ fn start(
     Calls(calls)
 }
 
-/// Counts the outcomes of `pending` (the nodes in `skip` answering 0 at once) until the round
-/// is decided by `until`.
-async fn decide(mut pending: Calls, nodes: &Nodes, op: Op, until: Until, skip: &[usize]) -> Round {
+/// Counts the outcomes of `pending` until the round is decided by `until`.
+async fn decide(mut pending: Calls, nodes: &Nodes, op: Op, until: Until) -> Round {
     let mut tally = Tally::new(nodes.len());
     let mut answered = vec![false; nodes.len()];
-    // The skipped nodes answer 0 at once (nothing is sent to them).
-    for &index in skip {
-        if index < nodes.len() && !tally.decided(until) {
-            answered[index] = true;
-            tally.record(nodes, op, index, Ok(0));
-        }
-    }
     while !tally.decided(until) {
         let Some((index, result)) = pending.next().await else {
             break;
@@ -278,12 +264,16 @@ pub(crate) async fn acquire_round(
     // (`close` waits for it), since waiting for a node that just timed out could cost the
     // attempt another node timeout. The nodes that granted are waited for, so that nothing
     // is left there when this returns (a process may exit next).
-    let failed_on: Vec<usize> = tally.errors.iter().map(|e| e.index).collect();
-    let answered_on: Vec<usize> = (0..nodes.len())
-        .filter(|index| !failed_on.contains(index))
-        .collect();
-    let skip: Vec<usize> = tally.refused_by.iter().chain(&failed_on).copied().collect();
-    let failed = if reached {
+    let release = failed_attempt_release(req);
+    let failed_on = |index: usize| tally.errors.iter().any(|e| e.index == index);
+    if !tally.errors.is_empty() {
+        tasks.spawn(calls_to(nodes, &release, node_timeout, &Settled::none(), failed_on).drain());
+    }
+    let granted_on = |index: usize| !failed_on(index) && !tally.refused_by.contains(&index);
+    calls_to(nodes, &release, node_timeout, &Settled::none(), granted_on)
+        .drain()
+        .await;
+    Err(if reached {
         Failed::Other(Error::NoValidity {
             ttl,
             elapsed,
@@ -291,44 +281,7 @@ pub(crate) async fn acquire_round(
         })
     } else {
         tally.acquire_failure()
-    };
-    let release = failed_attempt_release(req);
-    release_in_background(nodes, &release, node_timeout, &answered_on, tasks);
-    fan_out_but(
-        nodes,
-        &release,
-        node_timeout,
-        Until::All,
-        &Settled::none(),
-        &skip,
-    )
-    .await
-    .finish(nodes, Op::Release)
-    .await;
-    Err(failed)
-}
-
-/// `release` on every node but `skip`: queued now on the nodes that order their calls (so that
-/// it runs before anything sent later), and waited for in a task of `tasks`, each node
-/// bounded by the timeout. Nothing is sent when every node is skipped.
-fn release_in_background(
-    nodes: &Nodes,
-    release: &Request,
-    node_timeout: Duration,
-    skip: &[usize],
-    tasks: &TaskTracker,
-) {
-    if skip.len() >= nodes.len() {
-        return;
-    }
-    let calls = start(nodes, release, node_timeout, &Settled::none(), skip);
-    let (nodes, skip): (Arc<Nodes>, Vec<usize>) = (nodes.into(), skip.to_vec());
-    tasks.spawn(async move {
-        decide(calls, &nodes, Op::Release, Until::All, &skip)
-            .await
-            .finish(&nodes, Op::Release)
-            .await;
-    });
+    })
 }
 
 /// The release that undoes a failed attempt's acquire. It keeps the attempt's place in any
