@@ -280,14 +280,14 @@ fn cluster_node(
         identities.extend(address::identities(client.get_connection_info()));
         infos.push(client.get_connection_info().clone());
     }
-    let connect_timeout = config.node_timeout.max(std::time::Duration::from_secs(1));
     let node =
-        crate::node::ClusterNode::new(infos, addr.clone(), config.node_timeout, connect_timeout)
-            .map_err(|err| ConfigError::BadNodeUrl {
+        crate::node::ClusterNode::new(infos, addr.clone(), config.node_timeout).map_err(|err| {
+            ConfigError::BadNodeUrl {
                 index,
                 url: addr,
                 reason: err.to_string(),
-            })?;
+            }
+        })?;
     Ok((Arc::new(node), identities))
 }
 
@@ -325,15 +325,9 @@ fn sentinel_node(
         }
         infos.push(client.get_connection_info().clone());
     }
-    let connect_timeout = config.node_timeout.max(std::time::Duration::from_secs(1));
-    let node = crate::node::SentinelNode::new(
-        infos,
-        master.to_owned(),
-        addr.clone(),
-        config.node_timeout,
-        connect_timeout,
-    )
-    .map_err(|err| bad(err.to_string()))?;
+    let node =
+        crate::node::SentinelNode::new(infos, master.to_owned(), addr.clone(), config.node_timeout)
+            .map_err(|err| bad(err.to_string()))?;
     Ok((Arc::new(node), identities))
 }
 

@@ -37,14 +37,13 @@ const DISCOVERY_STEPS: u32 = 3;
 
 impl ClusterNode {
     /// A voter over the cluster that `seeds` (its members' URLs) belong to; `addr` names it
-    /// in messages; calls wait `node_timeout` for a member, connecting `connect_timeout`.
-    /// Nothing is connected yet.
+    /// in messages; calls wait `node_timeout` for a member. Nothing is connected yet.
     pub(crate) fn new(
         seeds: Vec<redis::ConnectionInfo>,
         addr: String,
         node_timeout: Duration,
-        connect_timeout: Duration,
     ) -> Result<Self, RedisError> {
+        let connect_timeout = super::redis::connect_timeout(node_timeout);
         let client = ClusterClient::builder(seeds)
             .connection_timeout(connect_timeout)
             // Every call is bounded by node_timeout; a response timeout would only race it.
@@ -64,6 +63,10 @@ impl ClusterNode {
 
 impl script_call::Connector for Shared {
     type Conn = ClusterConnection;
+
+    fn node_timeout(&self) -> Duration {
+        self.node_timeout
+    }
 
     /// The shared connection, or a new one (the seeds, the slot map, every master), made in a
     /// task of its own.
@@ -91,12 +94,8 @@ impl script_call::Connector for Shared {
     /// response timeout of their own. So a new connection is made in the background (the
     /// seeds asked for the slot map again) and takes over once made; the other members keep
     /// answering on the current one meanwhile. One renewal at a time, a connect timeout
-    /// apart; and none for a call its caller cancelled within half a node timeout (a
-    /// `select!` or a short timeout around `acquire` says nothing about the members).
-    fn given_up(&self, generation: u64, waited: Duration) {
-        if waited < self.node_timeout / 2 {
-            return;
-        }
+    /// apart.
+    fn given_up(&self, generation: u64) {
         let client = self.client.clone();
         self.conn.renew(generation, move || async move {
             client.get_async_connection().await
@@ -191,13 +190,7 @@ mod tests {
             redis::IntoConnectionInfo::into_connection_info("redis://127.0.0.1:1")
                 .expect("valid url"),
         ];
-        ClusterNode::new(
-            seeds,
-            "cluster".into(),
-            Duration::from_millis(50),
-            Duration::from_secs(1),
-        )
-        .expect("client")
+        ClusterNode::new(seeds, "cluster".into(), Duration::from_millis(50)).expect("client")
     }
 
     #[test]

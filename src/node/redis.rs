@@ -117,7 +117,7 @@ impl RedisNode {
 
 /// How long a connect (with its handshake) may take: at least a second, whatever the node
 /// timeout, because connecting is not on any lock's critical path.
-fn connect_timeout(node_timeout: Duration) -> Duration {
+pub(super) fn connect_timeout(node_timeout: Duration) -> Duration {
     node_timeout.max(Duration::from_secs(1))
 }
 

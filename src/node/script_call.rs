@@ -128,12 +128,17 @@ pub(crate) trait Connector: Send + Sync + 'static {
     /// a failure this kind of node recovers from only by connecting afresh.
     fn forget_after(&self, err: &RedisError, generation: u64) -> impl Future<Output = ()> + Send;
 
-    /// A call on the connection of `generation` was given up before its answer, after
-    /// `waited` (its `node_timeout` passed, or its caller cancelled it): the server may be
-    /// hung, and this kind of node may recover only by connecting afresh (see
+    /// How long a call waits for the server (the lock manager's `node_timeout`).
+    fn node_timeout(&self) -> std::time::Duration;
+
+    /// A call on the connection of `generation` was given up before its answer, after at least
+    /// half its `node_timeout` (the timeout passed, or its caller cancelled it late): the
+    /// server may be hung, and this kind of node may recover only by connecting afresh (see
     /// [`Cached::try_forget`](super::cached::Cached::try_forget) and
-    /// [`Cached::renew`](super::cached::Cached::renew)). Must not block (it runs on drop).
-    fn given_up(&self, _generation: u64, _waited: std::time::Duration) {}
+    /// [`Cached::renew`](super::cached::Cached::renew)). A call its caller cancelled sooner (a
+    /// `select!` or a short timeout around `acquire`) says nothing about the server and is not
+    /// reported. Must not block (it runs on drop).
+    fn given_up(&self, _generation: u64) {}
 }
 
 /// Runs `op` on `connector`'s connection and reports its failure to the connector, a call
@@ -146,7 +151,9 @@ pub(crate) async fn on<C: Connector, T>(
     let (generation, mut conn) = connector.connection().await?;
     let sent = tokio::time::Instant::now();
     let mut abandoned = DropGuard::new((connector, generation, sent), |(c, generation, sent)| {
-        c.given_up(*generation, sent.elapsed());
+        if sent.elapsed() >= c.node_timeout() / 2 {
+            c.given_up(*generation);
+        }
     });
     let result = op(&mut conn).await;
     abandoned.disarm();

@@ -28,23 +28,24 @@ struct Shared {
     /// takes their answers in the order given, so a hung first sentinel (it accepts
     /// connections and never answers) costs its connect and response timeouts (1 s and
     /// 0.5 s) before the next one counts, and that takes the whole of a short connect bound.
-    clients: Vec<Arc<Mutex<SentinelClient>>>,
+    clients: Arc<[Arc<Mutex<SentinelClient>>]>,
     conn: cached::Cached<MultiplexedConnection>,
-    connect_timeout: Duration,
+    /// How the master connection is made: `connect_timeout` bounds connecting.
+    config: AsyncConnectionConfig,
     node_timeout: Duration,
 }
 
 impl SentinelNode {
     /// A voter over the master `master` that the sentinels at `sentinels` watch; `addr`
-    /// names it in messages; calls wait `node_timeout` for the master, connecting
-    /// `connect_timeout`. Nothing is connected yet.
+    /// names it in messages; calls wait `node_timeout` for the master. Nothing is connected
+    /// yet.
     pub(crate) fn new(
         sentinels: Vec<redis::ConnectionInfo>,
         master: String,
         addr: String,
         node_timeout: Duration,
-        connect_timeout: Duration,
     ) -> Result<Self, RedisError> {
+        let connect_timeout = super::redis::connect_timeout(node_timeout);
         if sentinels.is_empty() {
             return Err(no_sentinel());
         }
@@ -65,7 +66,11 @@ impl SentinelNode {
             shared: Arc::new(Shared {
                 clients,
                 conn: cached::Cached::new(connect_timeout),
-                connect_timeout,
+                config: AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(connect_timeout))
+                    // Every call is bounded by node_timeout; a response timeout would only
+                    // race it.
+                    .set_response_timeout(None),
                 node_timeout,
             }),
         })
@@ -75,14 +80,14 @@ impl SentinelNode {
 impl script_call::Connector for Shared {
     type Conn = MultiplexedConnection;
 
+    fn node_timeout(&self) -> Duration {
+        self.node_timeout
+    }
+
     /// The cached master connection, or a new one through the sentinels (asking them,
     /// checking the master's `ROLE`, connecting), made in a task of its own.
     async fn connection(&self) -> Result<(u64, MultiplexedConnection), RedisError> {
-        let clients = self.clients.clone();
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            // Every call is bounded by node_timeout; a response timeout would only race it.
-            .set_response_timeout(None);
+        let (clients, config) = (Arc::clone(&self.clients), self.config.clone());
         self.conn
             .get_or_make(move || first_master(clients, config))
             .await
@@ -108,12 +113,8 @@ impl script_call::Connector for Shared {
     /// replaced by a failover: the next call asks the sentinels again. (The connection has no
     /// response timeout of its own, so without this a hung master would be kept until TCP
     /// gives up, many minutes later.) When the connection is being made right now, that
-    /// attempt stands. A call its caller cancelled within half a node timeout (a `select!` or
-    /// a short timeout around `acquire`) says nothing about the master: the connection stays.
-    fn given_up(&self, generation: u64, waited: Duration) {
-        if waited < self.node_timeout / 2 {
-            return;
-        }
+    /// attempt stands.
+    fn given_up(&self, generation: u64) {
         self.conn.try_forget(generation);
     }
 }
@@ -123,11 +124,12 @@ impl script_call::Connector for Shared {
 /// one included). When all fail, an error about a master a sentinel named (a refused login,
 /// a master that is not one) is kept over a sentinel that does not know the name.
 async fn first_master(
-    clients: Vec<Arc<Mutex<SentinelClient>>>,
+    clients: Arc<[Arc<Mutex<SentinelClient>>]>,
     config: AsyncConnectionConfig,
 ) -> Result<MultiplexedConnection, RedisError> {
     let mut asked: FuturesUnordered<_> = clients
-        .into_iter()
+        .iter()
+        .cloned()
         .map(|client| {
             let config = config.clone();
             async move {
