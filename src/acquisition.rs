@@ -7,7 +7,7 @@ use futures::FutureExt;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::clock;
-use crate::error::{BoxError, Error, FencingError};
+use crate::error::{Error, FencingError};
 use crate::guard::DropGuard;
 use crate::hand_off::Watch;
 use crate::inner::{Held, Shared, Target};
@@ -357,11 +357,11 @@ async fn fence(
         Ok(Ok(_)) | Err(_) if clock::now() >= expires_at => Err(FencingError::LockExpired),
         // The storage helpers refuse 0 (`lock.fence().unwrap_or(0)` without a counter), and
         // a check against a fresh row's 0 would accept it: not a token.
-        Ok(Ok(0)) => Err(FencingError::Counter(Arc::from(BoxError::from(
+        Ok(Ok(0)) => Err(FencingError::counter(
             "the counter returned 0, which is not a token (tokens start at 1)",
-        )))),
+        )),
         Ok(Ok(token)) => Ok(Some(token)),
-        Ok(Err(error)) => Err(FencingError::Counter(Arc::from(error))),
+        Ok(Err(error)) => Err(FencingError::counter(error)),
         Err(_) => Err(FencingError::Timeout(limit)),
     }
 }

@@ -34,5 +34,13 @@ mod tests {
             forced.contains(&declared),
             "force_release.lua declares {declared}"
         );
+        // Both announce a release on the channel the waiters subscribe to.
+        let channel = format!("\"{}\" ..", crate::hand_off::CHANNEL_PREFIX);
+        for (name, source) in [("batch.lua", script), ("force_release.lua", forced)] {
+            assert!(
+                source.contains(&channel),
+                "{name} publishes on {channel} KEY"
+            );
+        }
     }
 }

@@ -97,12 +97,7 @@ impl<T: Clone + Send + 'static> Cached<T> {
                 ))),
             };
             match made_now {
-                Ok(conn) => {
-                    slot.made += 1;
-                    slot.current = Some((slot.made, conn.clone()));
-                    slot.failed = None;
-                    Ok((slot.made, conn))
-                }
+                Ok(conn) => Ok((slot.install(conn.clone()), conn)),
                 Err(err) => {
                     slot.failed = Some((tokio::time::Instant::now(), err.to_string()));
                     Err(err)
@@ -166,15 +161,21 @@ impl<T: Clone + Send + 'static> Cached<T> {
             if let Ok(Ok(conn)) = made
                 && (slot.current.is_none() || slot.holds(generation))
             {
-                slot.made += 1;
-                slot.current = Some((slot.made, conn));
-                slot.failed = None;
+                slot.install(conn);
             }
         });
     }
 }
 
 impl<T> Slot<T> {
+    /// Makes `conn` the current connection, of a new generation, which it returns.
+    fn install(&mut self, conn: T) -> u64 {
+        self.made += 1;
+        self.current = Some((self.made, conn));
+        self.failed = None;
+        self.made
+    }
+
     /// Whether the current connection is that of `generation`.
     fn holds(&self, generation: u64) -> bool {
         self.current

@@ -15,7 +15,7 @@ for i, key in ipairs(KEYS) do
   if kind ~= 'none' then redis.call('DEL', key) end
   local helpers = redis.pcall('DEL', key .. QUEUE, key .. ALIVE, key .. WAITING)
   if type(helpers) == 'number' and helpers > 0 then
-    redis.pcall('PUBLISH', 'redfence:released:' .. key, '')
+    redis.pcall('PUBLISH', "redfence:released:" .. key, '')
   end
 end
 return out

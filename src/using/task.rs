@@ -72,18 +72,7 @@ async fn extend_until_stopped(
                 return End::GaveUp;
             }
             Step::Extend { at, by } if start_of(at, &lease) <= now => by,
-            Step::Extend { at, .. } if lease.failed_round.is_some() => {
-                // A retry waits its retry interval exactly, on a timer of its own: moved back
-                // to the grid, rounds that fail at once (a refused connection) would run back
-                // to back.
-                tokio::select! {
-                    biased;
-                    _ = &mut *stop => return End::Stopped,
-                    () = tokio::time::sleep_until(tokio::time::Instant::from_std(at)) => {}
-                }
-                continue;
-            }
-            Step::Extend { at, .. } => {
+            Step::Extend { at, .. } if lease.failed_round.is_none() => {
                 // On the shared timer: rounds on the same grid instant share its one entry.
                 let at = tokio::time::Instant::from_std(on_grid(at));
                 tokio::select! {
@@ -93,9 +82,11 @@ async fn extend_until_stopped(
                 }
                 continue;
             }
-            Step::Abort { at, .. } => {
-                // Off the grid, an instant of this lock alone: a timer of its own, freed as
-                // soon as the scope ends (a shared entry would stay until the instant).
+            // A retry, or an abort off the grid: an instant of this lock alone, on a timer of
+            // its own, freed as soon as the scope ends (a shared entry would stay until the
+            // instant). Moved back to the grid, retries that fail at once (a refused
+            // connection) would run back to back.
+            Step::Extend { at, .. } | Step::Abort { at, .. } => {
                 tokio::select! {
                     biased;
                     _ = &mut *stop => return End::Stopped,
