@@ -141,10 +141,10 @@ impl Node for ClusterNode {
 /// The `maxmemory-policy` of every master of the cluster: theirs when they agree, or the
 /// first that may evict lock keys, with the member's address.
 async fn masters_eviction_policy(conn: &mut ClusterConnection) -> Result<String, RedisError> {
-    let mut cmd = redis::cmd("CONFIG");
-    cmd.arg("GET").arg("maxmemory-policy");
     let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-    let reply = conn.route_command(cmd, routing).await?;
+    let reply = conn
+        .route_command(script_call::eviction_policy_cmd(), routing)
+        .await?;
     let Value::Map(members) = reply else {
         return Err(unexpected("not one reply per master"));
     };
@@ -154,11 +154,7 @@ async fn masters_eviction_policy(conn: &mut ClusterConnection) -> Result<String,
         if let Value::ServerError(err) = reply {
             return Err(err.into());
         }
-        let pair: Vec<String> = redis::from_redis_value(reply)?;
-        let policy = pair
-            .into_iter()
-            .nth(1)
-            .ok_or_else(|| unexpected("CONFIG GET maxmemory-policy returned no value"))?;
+        let policy = script_call::policy_of(redis::from_redis_value(reply)?)?;
         policies.push((member, policy));
     }
     let Some((_, first)) = policies.first() else {

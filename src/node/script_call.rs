@@ -63,11 +63,18 @@ pub(crate) async fn inspect<C: ConnectionLike + Send>(
 pub(crate) async fn eviction_policy<C: ConnectionLike + Send>(
     conn: &mut C,
 ) -> Result<String, redis::RedisError> {
-    let reply: Vec<String> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("maxmemory-policy")
-        .query_async(conn)
-        .await?;
+    policy_of(eviction_policy_cmd().query_async(conn).await?)
+}
+
+/// `CONFIG GET maxmemory-policy`.
+pub(crate) fn eviction_policy_cmd() -> redis::Cmd {
+    let mut cmd = redis::cmd("CONFIG");
+    cmd.arg("GET").arg("maxmemory-policy");
+    cmd
+}
+
+/// The policy in a reply to [`eviction_policy_cmd`] (name, value).
+pub(crate) fn policy_of(reply: Vec<String>) -> Result<String, redis::RedisError> {
     reply.into_iter().nth(1).ok_or_else(|| {
         redis::RedisError::from((
             redis::ErrorKind::UnexpectedReturnType,
