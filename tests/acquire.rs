@@ -7,10 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redfence::{Error, LossReason, NodeFailure};
-use support::{Servers, TestRedlock, eventually};
+use support::{PATIENT, Servers, TestRedlock, eventually};
 
-/// A node timeout for tests that need every node's answer, not just a majority's.
-const PATIENT: Duration = Duration::from_millis(500);
 const TTL: Duration = Duration::from_secs(5);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,11 +58,7 @@ async fn keys_and_values_are_wire_compatible() {
     let servers = Servers::start(5);
     // Patient: every node's write must land (a call that times out before it is written is
     // never sent, and a cold connection on a loaded machine can take longer than 50 ms).
-    let redlock = servers
-        .builder()
-        .node_timeout(PATIENT)
-        .build()
-        .expect("config");
+    let redlock = servers.patient();
     let lock = redlock
         .acquire(&["invoice:4821"], TTL)
         .await
@@ -114,11 +108,7 @@ async fn a_foreign_lock_in_the_node_redlock_format_excludes_us() {
         let _: () = servers.cmd(i, &["SET", "report", "their-token", "PX", "5000"]);
     }
     // Both refusals count (denied: 2), on new connections.
-    let redlock = servers
-        .builder()
-        .node_timeout(Duration::from_millis(500))
-        .build()
-        .expect("config");
+    let redlock = servers.patient();
     let err = redlock
         .try_acquire(&["report"], TTL)
         .await

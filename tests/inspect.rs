@@ -77,11 +77,7 @@ async fn inspect_reports_each_node_and_the_quorum_view() {
 #[tokio::test]
 async fn force_release_deletes_whoever_holds_it() {
     let servers = Servers::start(3);
-    let redlock = servers
-        .builder()
-        .node_timeout(Duration::from_millis(500))
-        .build()
-        .expect("valid config");
+    let redlock = servers.patient();
     let lock = redlock
         .acquire(&["job"], Duration::from_secs(20))
         .await

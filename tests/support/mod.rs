@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 
 use redfence::{Redlock, RedlockBuilder};
 
+/// A node timeout generous enough that a loaded machine never fails a healthy local node.
+pub const PATIENT: Duration = Duration::from_millis(500);
+
 /// `Redlock`s over every test server, tuned for tests.
 pub trait TestRedlock {
     /// A builder over every server, tuned for tests: fast retries.
@@ -17,6 +20,14 @@ pub trait TestRedlock {
     /// A `Redlock` over every server with the test defaults of [`builder`](Self::builder).
     fn redlock(&self) -> Redlock {
         self.builder().build().expect("valid test config")
+    }
+
+    /// A `Redlock` over every server with [`PATIENT`] node calls.
+    fn patient(&self) -> Redlock {
+        self.builder()
+            .node_timeout(PATIENT)
+            .build()
+            .expect("valid test config")
     }
 
     /// A `Redlock` over every server that makes one attempt per acquisition (no retry), each

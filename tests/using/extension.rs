@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use redfence::{Error, Event};
 
 use crate::support::{Servers, TestRedlock};
-use crate::{MS, PATIENT, patient, recorded};
+use crate::{MS, PATIENT, recorded};
 
 #[tokio::test]
 async fn a_routine_running_five_ttls_keeps_the_lock_throughout() {
@@ -158,7 +158,7 @@ async fn a_panicking_event_hook_does_not_lose_the_lock() {
         .on_event(|_: &Event| panic!("a buggy metrics hook"))
         .build()
         .expect("config");
-    let other = patient(&servers);
+    let other = servers.patient();
     let ttl = 600 * MS;
     redlock
         .using(&["job"], ttl, |signal| async move {

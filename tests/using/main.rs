@@ -18,21 +18,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redfence::{Error, Event, Redlock, RedlockBuilder, Signal};
-use support::{DEADLINE, Servers, TestRedlock, eventually};
+use support::{DEADLINE, PATIENT, Servers, eventually};
 
 const MS: Duration = Duration::from_millis(1);
-
-/// A node timeout generous enough that a loaded machine never fails a healthy local node.
-const PATIENT: Duration = Duration::from_millis(500);
-
-/// A `Redlock` over every server with [`PATIENT`] node calls.
-fn patient(servers: &Servers) -> Redlock {
-    servers
-        .builder()
-        .node_timeout(PATIENT)
-        .build()
-        .expect("config")
-}
 
 /// Every event the hook received.
 #[derive(Clone, Default)]

@@ -9,12 +9,12 @@ use futures::FutureExt;
 use redfence::Error;
 
 use crate::support::{Servers, TestRedlock, eventually};
-use crate::{MS, held_everywhere, patient, recorded};
+use crate::{MS, held_everywhere, recorded};
 
 #[tokio::test]
 async fn a_panicking_routine_releases_the_lock_then_propagates() {
     let servers = Servers::start(5);
-    let redlock = patient(&servers);
+    let redlock = servers.patient();
     let checker = &servers;
     let outcome =
         AssertUnwindSafe(
@@ -46,7 +46,7 @@ async fn a_panicking_routine_releases_the_lock_then_propagates() {
 #[tokio::test]
 async fn a_panic_in_a_spawned_scope_is_a_join_error_and_releases() {
     let servers = Arc::new(Servers::start(3));
-    let redlock = patient(&servers);
+    let redlock = servers.patient();
     let checker = Arc::clone(&servers);
     let task = tokio::spawn(async move {
         redlock
@@ -70,7 +70,7 @@ async fn a_panic_in_a_spawned_scope_is_a_join_error_and_releases() {
 #[tokio::test]
 async fn dropping_the_using_future_releases_the_lock_promptly() {
     let servers = Servers::start(5);
-    let redlock = patient(&servers);
+    let redlock = servers.patient();
     let checker = &servers;
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let token = tokio::select! {
@@ -157,7 +157,7 @@ async fn a_scope_that_ends_at_once_leaves_no_key() {
         let servers = Servers::start(3);
         // A node timeout a loaded machine meets: a call given up after it was written would
         // let its release (answered at once) go out behind it, and leave a key for a moment.
-        let redlock = patient(&servers);
+        let redlock = servers.patient();
         redlock
             .using(&["job"], Duration::from_secs(5), |_| async {
                 Ok::<_, Error>(())

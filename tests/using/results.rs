@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use redfence::{Error, InvalidInput, Redlock};
 
 use crate::support::{Servers, TestRedlock};
-use crate::{MS, PATIENT, held_everywhere, patient};
+use crate::{MS, PATIENT, held_everywhere};
 
 #[derive(Debug)]
 enum AppError {
@@ -24,7 +24,7 @@ impl From<Error> for AppError {
 #[tokio::test]
 async fn the_routines_result_and_error_come_back_unchanged() {
     let servers = Servers::start(3);
-    let redlock = patient(&servers);
+    let redlock = servers.patient();
     let checker = &servers;
     let ok: Result<u32, AppError> = redlock
         .using(&["job"], Duration::from_secs(5), |signal| async move {
