@@ -26,6 +26,8 @@
 local QUEUE, ALIVE, WAITING = ":redfence:queue", ":redfence:alive", ":redfence:waiting"
 -- How long waiting marks a key, at least (ms): well beyond a retry delay.
 local MIN_WAIT_MARK = 10000
+-- The server's time (ms), read once per call when needed (see now_ms).
+local now = nil
 
 local function now_ms()
   local t = redis.call("TIME")
@@ -128,12 +130,42 @@ local function acquire(first, last, token, ttl, count)
   return count
 end
 
-local out = {}
-local k = 1
-local i = 1
-local n = 0
-local now = nil
-while i <= #ARGV do
+-- Releases key if it holds token: 1 if deleted, else 0. waiter: a fair lock's own waiter
+-- id (its release also leaves the key's queue, when usable: see queue_ok), or nil.
+local function release(key, token, waiter)
+  local in_line = waiter ~= nil and queue_ok(key)
+  if in_line then
+    leave(key, waiter)
+  end
+  if redis.pcall("GET", key) ~= token then
+    return 0
+  end
+  -- The key and its waiting mark: 2 deleted when someone waited. A user whose ACL key
+  -- pattern does not cover the mark still releases (the key alone), and its waiters poll.
+  local gone = redis.pcall("DEL", key, key .. WAITING)
+  if type(gone) ~= "number" then
+    gone = redis.call("DEL", key)
+  end
+  -- Notifying is best effort: a user without the permissions for it (an older ACL line)
+  -- still releases, and its waiters poll.
+  if in_line or gone > 1 then
+    local next = ""
+    if in_line or (waiter == nil and redis.pcall("EXISTS", key .. QUEUE) == 1
+        and queue_ok(key)) then
+      now = now or now_ms()
+      next = head(key, now) or ""
+    end
+    if next ~= "" then
+      mark(key, 0) -- fair waiters are still in line
+    end
+    redis.pcall("PUBLISH", "redfence:released:" .. key, next)
+  end
+  return 1
+end
+
+-- The operation at ARGV[i], whose keys start at KEYS[k]: its reply, and where the next
+-- operation's arguments and keys start.
+local function operation(i, k)
   local kind, token, ttl, count = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
   local waiter, ticket, lease = nil, nil, nil
   if kind == "f" or kind == "l" or kind == "R" then
@@ -142,20 +174,19 @@ while i <= #ARGV do
   else
     i = i + 4
   end
-  n = n + 1
   local first, last = k, k + count - 1
-  k = k + count
+  local reply
   if kind == "a" then
-    out[n] = acquire(first, last, token, ttl, count)
+    reply = acquire(first, last, token, ttl, count)
   elseif kind == "f" and not queues_ok(first, last) then
-    out[n] = "E:WRONGTYPE the fair queue of a key of this lock holds another type"
+    reply = "E:WRONGTYPE the fair queue of a key of this lock holds another type"
   elseif kind == "f" and holds(first, last, token) then
     -- A repeat of a grant that landed (the batch was resent after a lost connection): grant
     -- again with a fresh TTL.
     for j = first, last do
       redis.call("SET", KEYS[j], token, "PX", ttl)
     end
-    out[n] = count
+    reply = count
   elseif kind == "f" then
     now = now or now_ms()
     local ours = true
@@ -174,9 +205,9 @@ while i <= #ARGV do
       end
     end
     if ours then
-      out[n] = acquire(first, last, token, ttl, count)
+      reply = acquire(first, last, token, ttl, count)
     else
-      out[n] = 0
+      reply = 0
     end
   elseif kind == "l" then
     for j = first, last do
@@ -184,9 +215,9 @@ while i <= #ARGV do
         leave(KEYS[j], waiter)
       end
     end
-    out[n] = 0
+    reply = 0
   elseif kind == "e" then
-    local reply = count
+    reply = count
     for j = first, last do
       if redis.pcall("GET", KEYS[j]) ~= token then
         reply = 0
@@ -198,42 +229,31 @@ while i <= #ARGV do
         redis.call("PEXPIRE", KEYS[j], ttl)
       end
     end
-    out[n] = reply
   else
     local deleted = 0
+    local fair = kind == "R" and waiter or nil
     for j = first, last do
-      -- A fair lock's own queue, when usable (see queue_ok).
-      local in_line = kind == "R" and queue_ok(KEYS[j])
-      if in_line then
-        leave(KEYS[j], waiter)
-      end
-      if redis.pcall("GET", KEYS[j]) == token then
-        -- The key and its waiting mark: 2 deleted when someone waited. A user whose ACL
-        -- key pattern does not cover the mark still releases (the key alone), and its
-        -- waiters poll.
-        local gone = redis.pcall("DEL", KEYS[j], KEYS[j] .. WAITING)
-        if type(gone) ~= "number" then
-          gone = redis.call("DEL", KEYS[j])
-        end
-        local waited = gone > 1
-        -- Notifying is best effort: a user without the permissions for it (an older ACL
-        -- line) still releases, and its waiters poll.
-        if in_line or waited then
-          local next = ""
-          if in_line or (kind ~= "R" and redis.pcall("EXISTS", KEYS[j] .. QUEUE) == 1
-              and queue_ok(KEYS[j])) then
-            now = now or now_ms()
-            next = head(KEYS[j], now) or ""
-          end
-          if next ~= "" then
-            mark(KEYS[j], 0) -- fair waiters are still in line
-          end
-          redis.pcall("PUBLISH", "redfence:released:" .. KEYS[j], next)
-        end
-        deleted = deleted + 1
-      end
+      deleted = deleted + release(KEYS[j], token, fair)
     end
-    out[n] = deleted
+    reply = deleted
+  end
+  return reply, i, k + count
+end
+
+local out = {}
+local k = 1
+local i = 1
+local n = 0
+while i <= #ARGV do
+  n = n + 1
+  if ARGV[i] == "r" and ARGV[i + 3] == "1" then
+    -- The usual release (one key, not fair), first and with nothing else to decode: under
+    -- load most of a batch's operations are these (acquires go as native commands).
+    out[n] = release(KEYS[k], ARGV[i + 1], nil)
+    i = i + 4
+    k = k + 1
+  else
+    out[n], i, k = operation(i, k)
   end
 end
 return out
