@@ -22,8 +22,6 @@
 //! again as script operations after the rest of the batch. A new connection, and one whose
 //! script call failed or timed out, is probed again.
 
-use std::collections::HashSet;
-
 use redis::{Cmd, Value};
 
 use super::pipeline::Reply;
@@ -33,17 +31,39 @@ use crate::helper_keys::{MIN_WAIT_MARK_MS, PROBE, WAITING};
 
 /// Which of `runs` go as native commands: plain single-key acquires whose key no operation
 /// that goes in the script touches (so that every key's operations keep their order).
+///
+/// This runs on every call: the scripted keys go into a 256-bit filter (no allocation, no
+/// string compares), and only an acquire whose key hits it is compared with them.
 pub(super) fn natives(runs: &[(Request, Option<Reply>)]) -> Vec<bool> {
     let eligible =
         |req: &Request| req.op == Op::Acquire && req.queue.is_none() && req.keys.len() == 1;
-    let scripted: HashSet<&str> = runs
-        .iter()
-        .filter(|(req, _)| !eligible(req))
-        .flat_map(|(req, _)| req.keys.iter().map(String::as_str))
-        .collect();
+    let scripted = || {
+        runs.iter()
+            .filter(|(req, _)| !eligible(req))
+            .flat_map(|(req, _)| req.keys.iter().map(String::as_str))
+    };
+    let mut filter = [0_u64; 4];
+    for key in scripted() {
+        let (word, bit) = filter_bit(key);
+        filter[word] |= bit;
+    }
     runs.iter()
-        .map(|(req, _)| eligible(req) && !scripted.contains(req.keys[0].as_str()))
+        .map(|(req, _)| {
+            eligible(req) && {
+                let key = req.keys[0].as_str();
+                let (word, bit) = filter_bit(key);
+                filter[word] & bit == 0 || !scripted().any(|other| other == key)
+            }
+        })
         .collect()
+}
+
+/// Where `key` falls in [`natives`]' filter: a word and a bit, from its FNV-1a hash.
+fn filter_bit(key: &str) -> (usize, u64) {
+    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    ((hash >> 6) as usize & 3, 1 << (hash & 63))
 }
 
 /// A plain single-key acquire as one native command: `SET key token NX GET PX ttl` sets the
@@ -193,6 +213,19 @@ mod tests {
             natives(&runs),
             [true, false, false, false, false, false, false, false, true]
         );
+    }
+
+    #[test]
+    fn a_crowded_filter_still_tells_keys_apart() {
+        // 300 scripted keys set nearly every bit of the filter: acquires take the exact check.
+        let names: Vec<String> = (0..300).map(|i| format!("r{i}")).collect();
+        let mut runs: Vec<_> = names
+            .iter()
+            .map(|name| req(Op::Release, &[name], false))
+            .collect();
+        runs.push(req(Op::Acquire, &["r7"], false));
+        runs.push(req(Op::Acquire, &["x7"], false));
+        assert_eq!(natives(&runs)[300..], [false, true]);
     }
 
     #[test]
