@@ -46,13 +46,13 @@ pub(crate) struct HandOff {
 
 /// What the subscribers and `HandOff` share.
 struct State {
-    keys: Mutex<HashMap<String, Arc<KeyState>>>,
+    keys: Mutex<HashMap<Arc<str>, Arc<KeyState>>>,
     quorum: usize,
 }
 
 /// One key's line, holders and watchers.
 struct KeyState {
-    name: String,
+    name: Arc<str>,
     /// Subscribed on the nodes (set under the map's lock): forgotten only by the sweeper.
     subscribed: AtomicBool,
     /// Taken by the head of the line until it acquires or gives up (FIFO: tokio's mutex
@@ -168,11 +168,13 @@ impl HandOff {
         let mut map = lock(&self.state.keys);
         let keys = sorted
             .into_iter()
-            .map(|key| {
-                Arc::clone(
-                    map.entry(key.clone())
-                        .or_insert_with(|| Arc::new(KeyState::new(key.clone()))),
-                )
+            .map(|key| match map.get(key.as_str()) {
+                Some(state) => Arc::clone(state),
+                None => {
+                    let state = Arc::new(KeyState::new(key.as_str().into()));
+                    map.insert(Arc::clone(&state.name), Arc::clone(&state));
+                    state
+                }
             })
             .collect();
         Users {
@@ -191,7 +193,7 @@ impl HandOff {
         let new: Vec<String> = keys
             .iter()
             .filter(|state| !state.subscribed.swap(true, Ordering::SeqCst))
-            .map(|state| state.name.clone())
+            .map(|state| state.name.to_string())
             .collect();
         if new.is_empty() {
             return;
@@ -240,7 +242,7 @@ impl State {
 }
 
 impl KeyState {
-    fn new(name: String) -> Self {
+    fn new(name: Arc<str>) -> Self {
         KeyState {
             name,
             subscribed: AtomicBool::new(false),
@@ -289,12 +291,12 @@ impl KeyState {
 
 impl Drop for Users {
     fn drop(&mut self) {
-        let names: Vec<String> = self
+        let names: Vec<Arc<str>> = self
             .keys
             .drain(..)
             .map(|state| {
                 state.touch();
-                state.name.clone()
+                Arc::clone(&state.name)
             })
             .collect();
         let mut map = lock(&self.state.keys);
@@ -386,13 +388,13 @@ async fn sweep(state: Weak<State>, subscribers: Vec<mpsc::UnboundedSender<Comman
             .filter(|(_, key)| {
                 key.unused() && now.saturating_duration_since(*lock(&key.last_used)) >= IDLE
             })
-            .map(|(name, _)| name.clone())
+            .map(|(name, _)| name.to_string())
             .collect();
         if idle.is_empty() {
             continue;
         }
         for name in &idle {
-            map.remove(name);
+            map.remove(name.as_str());
         }
         for subscriber in &subscribers {
             let _ = subscriber.send(Command::Unsubscribe(idle.clone()));

@@ -49,6 +49,16 @@ impl Batch {
         let _ = self.add(job, true);
     }
 
+    /// Starts the next batch with `job`, as [`push`](Self::push), keeping the last batch's
+    /// allocations (a queue under load runs thousands of batches a second). The last batch
+    /// was answered ([`run`](Self::run) or [`fail`](Self::fail)).
+    pub(super) fn start(&mut self, job: Job) {
+        debug_assert!(self.runs.is_empty() && self.flushes.is_empty());
+        self.keys = 0;
+        self.bytes = 0;
+        self.push(job);
+    }
+
     /// Adds `job` if it fits within the caps; gives it back if not.
     pub(super) fn try_push(&mut self, job: Job) -> Result<(), Job> {
         self.add(job, false)

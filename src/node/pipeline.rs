@@ -216,6 +216,7 @@ async fn serve(
     // sleeps on it, when the runtime is idle).
     let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline);
+    let mut batch = Batch::default();
     loop {
         let first = match backlog.pop_front() {
             Some(job) => job,
@@ -227,8 +228,7 @@ async fn serve(
         if let Some(progress) = &progress {
             progress.mark();
         }
-        let mut batch = Batch::default();
-        batch.push(first);
+        batch.start(first);
         // Coalesce what is already waiting, up to the caps, in order.
         while !batch.full() {
             let next = match backlog.pop_front() {
