@@ -12,6 +12,7 @@ use tokio::time::Sleep;
 
 use super::native::{self, NativeOutcome};
 use super::pipeline::{Job, Reply};
+use super::socket::Packed;
 use super::transport::{PipelineError, Pipelined, Transport};
 use super::{Op, Request};
 use crate::error::NodeFailure;
@@ -33,6 +34,8 @@ pub(super) struct Batch {
     flushes: Vec<oneshot::Sender<()>>,
     keys: usize,
     bytes: usize,
+    /// The native commands of the call being sent (kept for the next batch's).
+    natives: Packed,
 }
 
 /// The bytes of names and ids a request adds to a call.
@@ -133,16 +136,13 @@ impl Batch {
             }
             let in_script = self.runs.len() - natives;
             let script = (in_script > 0).then(|| self.command(|i| !native[i]));
-            let commands = self
-                .runs
-                .iter()
-                .zip(&native)
-                .filter(|(_, native)| **native)
-                .map(|((req, _), _)| native::native_acquire(req))
-                .collect();
+            self.natives.clear();
+            for ((req, _), _) in self.runs.iter().zip(&native).filter(|(_, native)| **native) {
+                native::push_native_acquire(&mut self.natives, req);
+            }
             let pipelined = tokio::select! {
                 biased;
-                pipelined = transport.pipelined(commands, script, probe.as_ref()) => {
+                pipelined = transport.pipelined(&self.natives, script, probe.as_ref()) => {
                     pipelined
                 }
                 () = deadline.as_mut() => {

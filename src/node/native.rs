@@ -25,6 +25,7 @@
 use redis::{Cmd, Value};
 
 use super::pipeline::Reply;
+use super::socket::{DECIMAL_DIGITS, Packed, decimal};
 use super::{Op, Request};
 use crate::error::NodeFailure;
 use crate::helper_keys::{MIN_WAIT_MARK_MS, PROBE, WAITING};
@@ -66,19 +67,20 @@ fn filter_bit(key: &str) -> (usize, u64) {
     ((hash >> 6) as usize & 3, 1 << (hash & 63))
 }
 
-/// A plain single-key acquire as one native command: `SET key token NX GET PX ttl` sets the
-/// key when it is free (reply nil) and otherwise returns who holds it.
-pub(super) fn native_acquire(req: &Request) -> Cmd {
-    let mut command = Cmd::with_capacity(8, 32 + req.keys[0].len() + req.token.len());
-    command
-        .arg("SET")
-        .arg(req.keys[0].as_str())
-        .arg(&*req.token)
-        .arg("NX")
-        .arg("GET")
-        .arg("PX")
-        .arg(req.ttl_ms);
-    command
+/// A plain single-key acquire as one native command, appended to `natives`:
+/// `SET key token NX GET PX ttl` sets the key when it is free (reply nil) and otherwise
+/// returns who holds it.
+pub(super) fn push_native_acquire(natives: &mut Packed, req: &Request) {
+    let mut ttl = [0; DECIMAL_DIGITS];
+    natives.push(&[
+        b"SET",
+        req.keys[0].as_bytes(),
+        req.token.as_bytes(),
+        b"NX",
+        b"GET",
+        b"PX",
+        decimal(req.ttl_ms, &mut ttl),
+    ]);
 }
 
 /// Marks `key` as waited for, as a refused acquire does in the script (its next release

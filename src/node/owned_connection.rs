@@ -30,7 +30,7 @@ use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 
 use super::connection::{Refusals, is_auth_refusal};
-use super::socket::{Socket, only_reply};
+use super::socket::{Packed, Socket, only_reply};
 
 /// The most bytes of calls given up that may wait unwritten (the server stopped reading):
 /// past that, calls fail at once instead of queueing without bound.
@@ -99,19 +99,26 @@ impl OwnedConnection {
     /// `Err` when the node could not be reached or the socket broke; the socket is then
     /// dropped and the next call connects anew.
     pub(crate) async fn call(&mut self, command: &Cmd) -> RedisResult<Value> {
-        only_reply(self.call_all(std::slice::from_ref(command)).await?)
+        only_reply(
+            self.call_all(&Packed::default(), std::slice::from_ref(command))
+                .await?,
+        )
     }
 
-    /// Runs `commands` as one pipeline and returns their replies, in order; otherwise as
-    /// [`call`](Self::call).
-    pub(crate) async fn call_all(&mut self, commands: &[Cmd]) -> RedisResult<Vec<Value>> {
+    /// Runs the `packed` commands, then `commands`, as one pipeline and returns their
+    /// replies, in order; otherwise as [`call`](Self::call).
+    pub(crate) async fn call_all(
+        &mut self,
+        packed: &Packed,
+        commands: &[Cmd],
+    ) -> RedisResult<Vec<Value>> {
         let socket = self.socket().await?;
         if socket.unsent() >= MAX_UNSENT {
             // The server has stopped reading: queue nothing more behind what it has not
             // read. Stalled, not broken: the socket (and the order of what it carries) stays.
             return Err(stalled(socket.unsent()));
         }
-        let replies = socket.call_all(commands).await;
+        let replies = socket.call_all(packed, commands).await;
         match &replies {
             Err(_) => self.drop_socket(),
             Ok(replies) => {

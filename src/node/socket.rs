@@ -31,6 +31,62 @@ pub(super) struct Socket {
     owed: usize,
 }
 
+/// Commands written as RESP ahead of a call, each without a [`Cmd`] of its own (a `Cmd` is two
+/// allocations, and a batch under load carries dozens of small commands): sent before the
+/// call's other commands.
+#[derive(Default)]
+pub(crate) struct Packed {
+    bytes: Vec<u8>,
+    count: usize,
+}
+
+impl Packed {
+    /// Appends the command whose arguments are `args`.
+    pub(crate) fn push(&mut self, args: &[&[u8]]) {
+        self.header(b'*', args.len());
+        for arg in args {
+            self.header(b'$', arg.len());
+            self.bytes.extend_from_slice(arg);
+            self.bytes.extend_from_slice(b"\r\n");
+        }
+        self.count += 1;
+    }
+
+    /// How many commands it holds.
+    pub(crate) fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Empties it, keeping its allocation.
+    pub(crate) fn clear(&mut self) {
+        self.bytes.clear();
+        self.count = 0;
+    }
+
+    fn header(&mut self, kind: u8, n: usize) {
+        self.bytes.push(kind);
+        self.bytes
+            .extend_from_slice(decimal(n as u64, &mut [0; DECIMAL_DIGITS]));
+        self.bytes.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Room for any `u64` in decimal.
+pub(crate) const DECIMAL_DIGITS: usize = 20;
+
+/// `n` in decimal, written at the end of `digits`.
+pub(crate) fn decimal(mut n: u64, digits: &mut [u8; DECIMAL_DIGITS]) -> &[u8] {
+    let mut at = DECIMAL_DIGITS;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &digits[at..];
+        }
+    }
+}
+
 impl Socket {
     pub(super) fn new(stream: TcpStream) -> Self {
         Socket {
@@ -47,23 +103,32 @@ impl Socket {
     /// sense that matters here: dropped after its first poll, the call is still written, and
     /// its reply is dropped, by [`settle`](Self::settle) or the next call.
     pub(super) async fn call(&mut self, command: &Cmd) -> RedisResult<Value> {
-        only_reply(self.call_all(std::slice::from_ref(command)).await?)
+        only_reply(
+            self.call_all(&Packed::default(), std::slice::from_ref(command))
+                .await?,
+        )
     }
 
-    /// Sends `commands` in one write (a pipeline) and waits for their replies, in order;
-    /// otherwise as [`call`](Self::call).
-    pub(super) async fn call_all(&mut self, commands: &[Cmd]) -> RedisResult<Vec<Value>> {
+    /// Sends the `packed` commands, then `commands`, in one write (a pipeline) and waits for
+    /// their replies, in order; otherwise as [`call`](Self::call).
+    pub(super) async fn call_all(
+        &mut self,
+        packed: &Packed,
+        commands: &[Cmd],
+    ) -> RedisResult<Vec<Value>> {
+        self.out.extend_from_slice(&packed.bytes);
         for command in commands {
             command.write_packed_command(&mut self.out);
         }
-        self.owed += commands.len();
+        let calls = packed.count + commands.len();
+        self.owed += calls;
         self.write_all().await?;
-        let mut replies = Vec::with_capacity(commands.len());
+        let mut replies = Vec::with_capacity(calls);
         while self.owed > 0 {
             let reply = self.next_reply().await?;
             self.owed -= 1;
             // Before ours, the replies of calls given up.
-            if self.owed < commands.len() {
+            if self.owed < calls {
                 replies.push(reply);
             }
         }
@@ -184,6 +249,28 @@ mod tests {
     use std::time::Duration;
 
     use tokio::net::TcpListener;
+
+    #[test]
+    fn packed_commands_are_the_bytes_redis_rs_writes() {
+        let mut packed = Packed::default();
+        let mut ttl = [0; DECIMAL_DIGITS];
+        packed.push(&[b"SET", b"k", b"", b"PX", decimal(30_000, &mut ttl)]);
+        packed.push(&[b"GET", "kéy".as_bytes()]);
+        let mut expected = redis::cmd("SET")
+            .arg("k")
+            .arg("")
+            .arg("PX")
+            .arg(30_000)
+            .get_packed_command();
+        expected.extend(redis::cmd("GET").arg("kéy").get_packed_command());
+        assert_eq!(packed.bytes, expected);
+        assert_eq!(packed.len(), 2);
+        packed.clear();
+        assert!(packed.bytes.is_empty() && packed.len() == 0);
+        for n in [0, 7, 10, 99, u64::MAX] {
+            assert_eq!(decimal(n, &mut ttl), n.to_string().as_bytes());
+        }
+    }
 
     /// A socket to a peer on loopback, and the peer's end.
     async fn pair() -> (Socket, TcpStream) {

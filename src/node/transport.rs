@@ -13,6 +13,7 @@ use super::connection::LazyConnection;
 use super::native;
 use super::owned_connection::OwnedConnection;
 use super::pipeline::Job;
+use super::socket::Packed;
 use crate::error::NodeFailure;
 
 /// How a node's queue reaches the server.
@@ -103,7 +104,7 @@ impl Transport {
     /// been written is [`Lost`](PipelineError::Lost), for the batch to run once more.
     pub(super) async fn pipelined(
         &mut self,
-        natives: Vec<Cmd>,
+        natives: &Packed,
         script: Option<Cmd>,
         probe: Option<&native::Probe>,
     ) -> Result<Pipelined, PipelineError> {
@@ -117,20 +118,20 @@ impl Transport {
         };
         let count = natives.len();
         let scripted = script.is_some();
-        let mut commands = natives;
         // (Moved, not copied: the script call is the batch's largest command.)
-        commands.extend(script);
+        let mut commands: Vec<Cmd> = script.into_iter().collect();
         if let Some(probe) = probe {
             commands.extend_from_slice(probe.commands());
         }
+        let calls = count + commands.len();
         let was_connected = conn.is_connected();
-        let called = conn.call_all(&commands).await;
+        let called = conn.call_all(natives, &commands).await;
         // Whatever went wrong, natives wait for a script call to succeed again.
-        if !matches!(&called, Ok(replies) if replies.len() == commands.len()) {
+        if !matches!(&called, Ok(replies) if replies.len() == calls) {
             conn.script_failed();
         }
         let mut replies = match called {
-            Ok(replies) if replies.len() == commands.len() => replies,
+            Ok(replies) if replies.len() == calls => replies,
             Ok(_) => return Err(PipelineError::Failed(NodeFailure::Reply(out_of_step()))),
             // Lost: the socket broke and was dropped (not a stall: nothing was written then).
             Err(err)
@@ -153,7 +154,7 @@ impl Transport {
             (true, Some(Value::ServerError(err)))
                 if err.kind() == Some(ServerErrorKind::NoScript) =>
             {
-                let script = &commands[count];
+                let script = &commands[0];
                 let loaded = conn.call(&super::batch::load_batch_script()).await;
                 let again = match loaded {
                     Ok(Value::ServerError(err)) => Err(redis::RedisError::from(err)),
