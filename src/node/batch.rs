@@ -34,8 +34,10 @@ pub(super) struct Batch {
     flushes: Vec<oneshot::Sender<()>>,
     keys: usize,
     bytes: usize,
-    /// The native commands of the call being sent (kept for the next batch's).
+    /// The call being sent, kept for the next batch's: its native commands (then the script
+    /// call and the probe, as written), and its script call.
     natives: Packed,
+    script: Cmd,
 }
 
 /// The bytes of names and ids a request adds to a call.
@@ -117,10 +119,10 @@ impl Batch {
                 })
                 .flatten();
             if natives == 0 && probe.is_none() {
-                let command = self.command(|_| true);
+                self.write_script(|_| true);
                 let replies = tokio::select! {
                     biased;
-                    replies = transport.evalsha(&command) => replies?,
+                    replies = transport.evalsha(&self.script) => replies?,
                     () = deadline.as_mut() => {
                         transport.script_failed();
                         return Err(NodeFailure::Timeout(timeout));
@@ -135,14 +137,17 @@ impl Batch {
                 break;
             }
             let in_script = self.runs.len() - natives;
-            let script = (in_script > 0).then(|| self.command(|i| !native[i]));
+            if in_script > 0 {
+                self.write_script(|i| !native[i]);
+            }
+            let script = (in_script > 0).then_some(&self.script);
             self.natives.clear();
             for ((req, _), _) in self.runs.iter().zip(&native).filter(|(_, native)| **native) {
                 native::push_native_acquire(&mut self.natives, req);
             }
             let pipelined = tokio::select! {
                 biased;
-                pipelined = transport.pipelined(&self.natives, script, probe.as_ref()) => {
+                pipelined = transport.pipelined(&mut self.natives, script, probe.as_ref()) => {
                     pipelined
                 }
                 () = deadline.as_mut() => {
@@ -215,22 +220,22 @@ impl Batch {
     /// operation's arguments (kind, token, TTL, key count, and the fair queue's three for
     /// `f`, `l` and `R`), written straight into one command buffer (no allocation per
     /// argument).
-    /// Only the operations whose index `included` accepts.
-    fn command(&self, included: impl Fn(usize) -> bool) -> Cmd {
+    /// Only the operations whose index `included` accepts. Written into `self.script`,
+    /// whose allocation the next batch reuses.
+    fn write_script(&mut self, included: impl Fn(usize) -> bool) {
+        let Batch { runs, script, .. } = self;
         let runs = || {
-            self.runs
-                .iter()
+            runs.iter()
                 .enumerate()
                 .filter(|(i, _)| included(*i))
                 .map(|(_, run)| run)
         };
         let keys: usize = runs().map(|(req, _)| req.keys.len()).sum();
-        let args = 3 + keys + self.runs.len() * 7;
-        let mut command = Cmd::with_capacity(args, 64 + self.bytes + self.runs.len() * 48);
-        command.arg("EVALSHA").arg(BATCH.get_hash()).arg(keys);
+        script.clear();
+        script.arg("EVALSHA").arg(BATCH.get_hash()).arg(keys);
         for (req, _) in runs() {
             for key in req.keys.iter() {
-                command.arg(key.as_str());
+                script.arg(key.as_str());
             }
         }
         for (req, _) in runs() {
@@ -242,7 +247,7 @@ impl Batch {
                 (Op::Release, Some(_)) => "R",
                 (Op::Leave, _) => "l",
             };
-            command
+            script
                 .arg(kind)
                 .arg(&*req.token)
                 .arg(req.ttl_ms)
@@ -252,10 +257,9 @@ impl Batch {
                     .queue
                     .as_deref()
                     .map_or(("", 0, 0), |q| (&*q.waiter, q.ticket, q.lease_ms));
-                command.arg(waiter).arg(ticket).arg(lease);
+                script.arg(waiter).arg(ticket).arg(lease);
             }
         }
-        command
     }
 
     pub(super) fn fail(&mut self, failure: &NodeFailure) {

@@ -52,6 +52,12 @@ impl Packed {
         self.count += 1;
     }
 
+    /// Appends `command`.
+    pub(crate) fn push_command(&mut self, command: &Cmd) {
+        command.write_packed_command(&mut self.bytes);
+        self.count += 1;
+    }
+
     /// How many commands it holds.
     pub(crate) fn len(&self) -> usize {
         self.count

@@ -98,14 +98,15 @@ impl Transport {
     }
 
     /// Runs `natives`, then the batch script's `EVALSHA` `script` (if any), then the `probe`
-    /// (if any) in one pipeline on our own socket: each native's raw reply (an error reply as
+    /// (if any) in one pipeline on our own socket (the last two are appended to `natives`,
+    /// whose allocation the caller keeps): each native's raw reply (an error reply as
     /// a value), and the script's replies or its error. On `NOSCRIPT`, the script is loaded
     /// and its call alone repeated (the natives ran). A connection lost after it may have
     /// been written is [`Lost`](PipelineError::Lost), for the batch to run once more.
     pub(super) async fn pipelined(
         &mut self,
-        natives: &Packed,
-        script: Option<Cmd>,
+        natives: &mut Packed,
+        script: Option<&Cmd>,
         probe: Option<&native::Probe>,
     ) -> Result<Pipelined, PipelineError> {
         let Transport::Owned(conn) = self else {
@@ -117,15 +118,15 @@ impl Transport {
             )));
         };
         let count = natives.len();
-        let scripted = script.is_some();
-        // (Moved, not copied: the script call is the batch's largest command.)
-        let mut commands: Vec<Cmd> = script.into_iter().collect();
-        if let Some(probe) = probe {
-            commands.extend_from_slice(probe.commands());
+        if let Some(script) = script {
+            natives.push_command(script);
         }
-        let calls = count + commands.len();
+        for command in probe.map_or(&[][..], native::Probe::commands) {
+            natives.push_command(command);
+        }
+        let calls = natives.len();
         let was_connected = conn.is_connected();
-        let called = conn.call_all(natives, &commands).await;
+        let called = conn.call_all(natives, &[]).await;
         // Whatever went wrong, natives wait for a script call to succeed again.
         if !matches!(&called, Ok(replies) if replies.len() == calls) {
             conn.script_failed();
@@ -148,13 +149,12 @@ impl Transport {
             let replies = replies.split_off(replies.len() - probe.commands().len());
             probe.passed(&replies)
         });
-        let script_reply = scripted.then(|| replies.pop());
-        let script_replies = match (scripted, script_reply.flatten()) {
-            (false, _) => Ok(Vec::new()),
-            (true, Some(Value::ServerError(err)))
+        let script_reply = script.and_then(|_| replies.pop());
+        let script_replies = match (script, script_reply) {
+            (None, _) => Ok(Vec::new()),
+            (Some(script), Some(Value::ServerError(err)))
                 if err.kind() == Some(ServerErrorKind::NoScript) =>
             {
-                let script = &commands[0];
                 let loaded = conn.call(&super::batch::load_batch_script()).await;
                 let again = match loaded {
                     Ok(Value::ServerError(err)) => Err(redis::RedisError::from(err)),
@@ -169,8 +169,8 @@ impl Transport {
                     }
                 }
             }
-            (true, Some(reply)) => script_result(reply),
-            (true, None) => Err(NodeFailure::Reply(out_of_step())),
+            (Some(_), Some(reply)) => script_result(reply),
+            (Some(_), None) => Err(NodeFailure::Reply(out_of_step())),
         };
         match (&script_replies, probed) {
             (Err(_), _) => conn.script_failed(),
