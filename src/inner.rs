@@ -171,14 +171,15 @@ pub(crate) fn resource_names(resources: &[impl AsRef<str>]) -> Result<Vec<String
             max: MAX_RESOURCES,
         });
     }
-    let mut seen: HashSet<&str> = HashSet::with_capacity(resources.len());
+    // (No set for the usual single resource: it cannot repeat.)
+    let mut seen: HashSet<&str> = HashSet::with_capacity(resources.len() - 1);
     let mut names: Vec<String> = Vec::with_capacity(resources.len());
     for (index, resource) in resources.iter().enumerate() {
         let name = resource.as_ref();
         if name.is_empty() {
             return Err(InvalidInput::EmptyResource { index });
         }
-        if !seen.insert(name) {
+        if resources.len() > 1 && !seen.insert(name) {
             return Err(InvalidInput::DuplicateResource {
                 resource: name.to_owned(),
             });

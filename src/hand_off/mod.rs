@@ -163,11 +163,9 @@ impl HandOff {
 
     /// The state of each key, sorted by key, made if new.
     fn users(&self, keys: &[String]) -> Users {
-        let mut sorted: Vec<&String> = keys.iter().collect();
-        sorted.sort_unstable();
         let mut map = lock(&self.state.keys);
-        let keys = sorted
-            .into_iter()
+        let mut keys: Vec<Arc<KeyState>> = keys
+            .iter()
             .map(|key| match map.get(key.as_str()) {
                 Some(state) => Arc::clone(state),
                 None => {
@@ -177,6 +175,8 @@ impl HandOff {
                 }
             })
             .collect();
+        drop(map);
+        keys.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         Users {
             state: Arc::clone(&self.state),
             keys,
@@ -291,16 +291,11 @@ impl KeyState {
 
 impl Drop for Users {
     fn drop(&mut self) {
-        let names: Vec<Arc<str>> = self
-            .keys
-            .drain(..)
-            .map(|state| {
-                state.touch();
-                Arc::clone(&state.name)
-            })
-            .collect();
         let mut map = lock(&self.state.keys);
-        for name in names {
+        for state in self.keys.drain(..) {
+            state.touch();
+            let name = Arc::clone(&state.name);
+            drop(state);
             // A subscribed key stays for the sweeper, which forgets it after IDLE.
             if map
                 .get(&name)
