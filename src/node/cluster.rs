@@ -11,7 +11,7 @@ use redis::cluster_routing::Slot;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::{RedisError, Value};
 
-use super::{GuardedWrite, KeyRow, Node, Request, cached, script_call};
+use super::{GuardedWrite, KeyRow, Node, NodeCall, Request, cached, script_call};
 use crate::error::NodeFailure;
 
 /// One Redis Cluster, reached through its seed nodes, voting once. The connection is made on
@@ -104,8 +104,8 @@ impl script_call::Connector for Shared {
 }
 
 impl Node for ClusterNode {
-    fn call(&self, req: &Request) -> BoxFuture<'static, Result<i64, NodeFailure>> {
-        script_call::call(&self.shared, req)
+    fn call(&self, req: &Request) -> NodeCall {
+        NodeCall::Boxed(script_call::call(&self.shared, req))
     }
 
     fn inspect(

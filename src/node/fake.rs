@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 
-use super::{GuardedWrite, KeyRow, Node, Op, Request};
+use super::{GuardedWrite, KeyRow, Node, NodeCall, Op, Request};
 use crate::error::NodeFailure;
 
 /// How a fake node answers one kind of request.
@@ -192,7 +192,7 @@ impl Node for FakeNode {
             .load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    fn call(&self, req: &Request) -> BoxFuture<'static, Result<i64, NodeFailure>> {
+    fn call(&self, req: &Request) -> NodeCall {
         let behaviour = self
             .inner
             .behaviour
@@ -201,7 +201,7 @@ impl Node for FakeNode {
             .and_then(|b| b.get(&req.op).copied())
             .unwrap_or(Fake::Real);
         let (inner, req) = (Arc::clone(&self.inner), req.clone());
-        Box::pin(async move {
+        NodeCall::boxed(async move {
             // Recorded when the call really starts (after any gate), not when it is made.
             let slot = inner.seen.lock().ok().map(|mut s| {
                 s.push(Seen {

@@ -22,9 +22,13 @@ mod sentinel;
 mod socket;
 mod transport;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
+use tokio::sync::oneshot;
 
 use crate::error::NodeFailure;
 
@@ -84,6 +88,37 @@ pub(crate) struct GuardedWrite {
     pub(crate) ttl_ms: u64,
 }
 
+/// A node call in flight ([`Node::call`]): on a node's own queue, the queue's answer itself
+/// (no allocation: a lock makes one call per node per round); otherwise a boxed future.
+pub(crate) enum NodeCall {
+    /// Answered by a node's queue (`pipeline.rs`); a queue that stopped never answers.
+    Queued(oneshot::Receiver<Result<i64, NodeFailure>>),
+    /// Any other call.
+    Boxed(BoxFuture<'static, Result<i64, NodeFailure>>),
+}
+
+impl NodeCall {
+    /// `call` as a node call.
+    pub(crate) fn boxed(
+        call: impl Future<Output = Result<i64, NodeFailure>> + Send + 'static,
+    ) -> Self {
+        NodeCall::Boxed(Box::pin(call))
+    }
+}
+
+impl Future for NodeCall {
+    type Output = Result<i64, NodeFailure>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            NodeCall::Queued(answer) => Pin::new(answer)
+                .poll(cx)
+                .map(|answer| answer.unwrap_or_else(|_| Err(pipeline::stopped()))),
+            NodeCall::Boxed(call) => call.as_mut().poll(cx),
+        }
+    }
+}
+
 /// A lock server. Real nodes are [`RedisNode`]s; unit tests use fakes that grant, deny, fail,
 /// are slow, or never answer.
 pub(crate) trait Node: Send + Sync {
@@ -91,7 +126,7 @@ pub(crate) trait Node: Send + Sync {
     /// `Extend` a positive number means granted and 0 means refused; for `Release` the number
     /// of keys deleted. The future owns what it needs, so it can outlive the call; the caller
     /// bounds it with the node timeout.
-    fn call(&self, req: &Request) -> BoxFuture<'static, Result<i64, NodeFailure>>;
+    fn call(&self, req: &Request) -> NodeCall;
 
     /// Whether this node queues its calls: they run in the order they were made, each one
     /// to its end even when its future is dropped, and the node bounds each call's time

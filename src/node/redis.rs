@@ -10,9 +10,9 @@ use tokio_util::task::TaskTracker;
 use super::batch;
 use super::connection::LazyConnection;
 use super::owned_connection::OwnedConnection;
-use super::pipeline::{self, Pipeline};
+use super::pipeline::Pipeline;
 use super::transport::Transport;
-use super::{GuardedWrite, KeyRow, Node, Request, script_call};
+use super::{GuardedWrite, KeyRow, Node, NodeCall, Request, script_call};
 use crate::error::NodeFailure;
 
 /// A Redis master. Every lock's lock calls go through the node's one queue, which sends them
@@ -122,18 +122,18 @@ pub(super) fn connect_timeout(node_timeout: Duration) -> Duration {
 }
 
 impl Node for RedisNode {
-    fn call(&self, req: &Request) -> BoxFuture<'static, Result<i64, NodeFailure>> {
+    fn call(&self, req: &Request) -> NodeCall {
         let queued = self.with_pipeline(|pipeline| {
             let answer = pipeline.submit(req.clone())?;
             Ok::<_, NodeFailure>((answer, pipeline.watched().then(|| Arc::clone(pipeline))))
         });
-        Box::pin(async move {
-            let (answer, watched) = queued??;
-            match watched {
-                Some(pipeline) => pipeline.watched_answer(answer).await,
-                None => answer.await.unwrap_or_else(|_| Err(pipeline::stopped())),
+        match queued {
+            Ok(Ok((answer, None))) => NodeCall::Queued(answer),
+            Ok(Ok((answer, Some(pipeline)))) => {
+                NodeCall::boxed(async move { pipeline.watched_answer(answer).await })
             }
-        })
+            Ok(Err(failure)) | Err(failure) => NodeCall::boxed(std::future::ready(Err(failure))),
+        }
     }
 
     fn pipelined(&self) -> bool {

@@ -14,7 +14,7 @@ use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{AsyncConnectionConfig, RedisError};
 use tokio::sync::Mutex;
 
-use super::{GuardedWrite, KeyRow, Node, Request, cached, script_call};
+use super::{GuardedWrite, KeyRow, Node, NodeCall, Request, cached, script_call};
 use crate::error::NodeFailure;
 
 /// The master named `master` in a Sentinel group, voting once.
@@ -167,8 +167,8 @@ fn no_sentinel() -> RedisError {
 }
 
 impl Node for SentinelNode {
-    fn call(&self, req: &Request) -> BoxFuture<'static, Result<i64, NodeFailure>> {
-        script_call::call(&self.shared, req)
+    fn call(&self, req: &Request) -> NodeCall {
+        NodeCall::Boxed(script_call::call(&self.shared, req))
     }
 
     fn inspect(

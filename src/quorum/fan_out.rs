@@ -6,17 +6,16 @@ use std::sync::{Arc, LazyLock};
 use std::task::Poll;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
 use super::tally::{Failed, Tally, Until, drift, validity};
 use crate::error::NodeFailure;
-use crate::node::{Nodes, Op, Request};
+use crate::node::{NodeCall, Nodes, Op, Request};
 use crate::{Error, clock};
 
 /// One node call of a round.
-type Call = BoxFuture<'static, Result<i64, NodeFailure>>;
+type Call = NodeCall;
 
 /// The node calls of a round still running, by node index. A round has a handful, so they
 /// are polled together on every wake-up, with no allocation or waker per call (unlike a
@@ -30,7 +29,7 @@ impl Calls {
             let mut running = false;
             for (index, slot) in self.0.iter_mut().enumerate() {
                 if let Some(call) = slot {
-                    if let Poll::Ready(result) = call.as_mut().poll(cx) {
+                    if let Poll::Ready(result) = std::pin::Pin::new(call).poll(cx) {
                         *slot = None;
                         return Poll::Ready(Some((index, result)));
                     }
@@ -192,7 +191,7 @@ fn calls_to(
             // node costs a lock at most one `timeout` per round however many rounds it had:
             // waits never chain from round to round. A call whose turn has not come by then
             // is never sent (the node is skipped for this round).
-            let call: Call = Box::pin(async move {
+            let call = NodeCall::boxed(async move {
                 let gated = async move {
                     if let Some(gate) = gate {
                         gate.wait().await;
