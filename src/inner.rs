@@ -172,7 +172,10 @@ pub(crate) fn resource_names(resources: &[impl AsRef<str>]) -> Result<Vec<String
         });
     }
     // (No set for the usual single resource: it cannot repeat.)
-    let mut seen: HashSet<&str> = HashSet::with_capacity(resources.len() - 1);
+    let mut seen: HashSet<&str> = match resources.len() {
+        1 => HashSet::new(),
+        n => HashSet::with_capacity(n),
+    };
     let mut names: Vec<String> = Vec::with_capacity(resources.len());
     for (index, resource) in resources.iter().enumerate() {
         let name = resource.as_ref();
