@@ -25,7 +25,7 @@
 use redis::{Cmd, Value};
 
 use super::pipeline::Reply;
-use super::socket::{DECIMAL_DIGITS, Packed, decimal};
+use super::socket::Packed;
 use super::{Op, Request};
 use crate::error::NodeFailure;
 use crate::helper_keys::{MIN_WAIT_MARK_MS, PROBE, WAITING};
@@ -71,7 +71,7 @@ fn filter_bit(key: &str) -> (usize, u64) {
 /// `SET key token NX GET PX ttl` sets the key when it is free (reply nil) and otherwise
 /// returns who holds it.
 pub(super) fn push_native_acquire(natives: &mut Packed, req: &Request) {
-    let mut ttl = [0; DECIMAL_DIGITS];
+    let mut ttl = itoa::Buffer::new();
     natives.push(&[
         b"SET",
         req.keys[0].as_bytes(),
@@ -79,7 +79,7 @@ pub(super) fn push_native_acquire(natives: &mut Packed, req: &Request) {
         b"NX",
         b"GET",
         b"PX",
-        decimal(req.ttl_ms, &mut ttl),
+        ttl.format(req.ttl_ms).as_bytes(),
     ]);
 }
 
@@ -215,6 +215,26 @@ mod tests {
             natives(&runs),
             [true, false, false, false, false, false, false, false, true]
         );
+    }
+
+    #[test]
+    fn a_native_acquire_is_the_command_redis_rs_would_write() {
+        let (mut acquire, _) = req(Op::Acquire, &["lock:é"], false);
+        let mut packed = Packed::default();
+        for ttl_ms in [0, 30_000, u64::MAX] {
+            acquire.ttl_ms = ttl_ms;
+            packed.clear();
+            push_native_acquire(&mut packed, &acquire);
+            let expected = redis::cmd("SET")
+                .arg("lock:é")
+                .arg("token")
+                .arg("NX")
+                .arg("GET")
+                .arg("PX")
+                .arg(ttl_ms)
+                .get_packed_command();
+            assert_eq!(packed.bytes(), expected);
+        }
     }
 
     #[test]

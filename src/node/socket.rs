@@ -35,14 +35,14 @@ pub(super) struct Socket {
 /// allocations, and a batch under load carries dozens of small commands): sent before the
 /// call's other commands.
 #[derive(Default)]
-pub(crate) struct Packed {
+pub(super) struct Packed {
     bytes: Vec<u8>,
     count: usize,
 }
 
 impl Packed {
     /// Appends the command whose arguments are `args`.
-    pub(crate) fn push(&mut self, args: &[&[u8]]) {
+    pub(super) fn push(&mut self, args: &[&[u8]]) {
         self.header(b'*', args.len());
         for arg in args {
             self.header(b'$', arg.len());
@@ -53,18 +53,24 @@ impl Packed {
     }
 
     /// Appends `command`.
-    pub(crate) fn push_command(&mut self, command: &Cmd) {
+    pub(super) fn push_command(&mut self, command: &Cmd) {
         command.write_packed_command(&mut self.bytes);
         self.count += 1;
     }
 
     /// How many commands it holds.
-    pub(crate) fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.count
     }
 
+    /// The commands as written.
+    #[cfg(test)]
+    pub(super) fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
     /// Empties it, keeping its allocation.
-    pub(crate) fn clear(&mut self) {
+    pub(super) fn clear(&mut self) {
         self.bytes.clear();
         self.count = 0;
     }
@@ -72,24 +78,8 @@ impl Packed {
     fn header(&mut self, kind: u8, n: usize) {
         self.bytes.push(kind);
         self.bytes
-            .extend_from_slice(decimal(n as u64, &mut [0; DECIMAL_DIGITS]));
+            .extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
         self.bytes.extend_from_slice(b"\r\n");
-    }
-}
-
-/// Room for any `u64` in decimal.
-pub(crate) const DECIMAL_DIGITS: usize = 20;
-
-/// `n` in decimal, written at the end of `digits`.
-pub(crate) fn decimal(mut n: u64, digits: &mut [u8; DECIMAL_DIGITS]) -> &[u8] {
-    let mut at = DECIMAL_DIGITS;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &digits[at..];
-        }
     }
 }
 
@@ -259,8 +249,7 @@ mod tests {
     #[test]
     fn packed_commands_are_the_bytes_redis_rs_writes() {
         let mut packed = Packed::default();
-        let mut ttl = [0; DECIMAL_DIGITS];
-        packed.push(&[b"SET", b"k", b"", b"PX", decimal(30_000, &mut ttl)]);
+        packed.push(&[b"SET", b"k", b"", b"PX", b"30000"]);
         packed.push(&[b"GET", "kéy".as_bytes()]);
         let mut expected = redis::cmd("SET")
             .arg("k")
@@ -273,9 +262,6 @@ mod tests {
         assert_eq!(packed.len(), 2);
         packed.clear();
         assert!(packed.bytes.is_empty() && packed.len() == 0);
-        for n in [0, 7, 10, 99, u64::MAX] {
-            assert_eq!(decimal(n, &mut ttl), n.to_string().as_bytes());
-        }
     }
 
     /// A socket to a peer on loopback, and the peer's end.

@@ -14,13 +14,10 @@ use crate::error::NodeFailure;
 use crate::node::{NodeCall, Nodes, Op, Request};
 use crate::{Error, clock};
 
-/// One node call of a round.
-type Call = NodeCall;
-
 /// The node calls of a round still running, by node index. A round has a handful, so they
 /// are polled together on every wake-up, with no allocation or waker per call (unlike a
 /// `FuturesUnordered`).
-pub(crate) struct Calls(Vec<Option<Call>>);
+pub(crate) struct Calls(Vec<Option<NodeCall>>);
 
 impl Calls {
     /// The next call to finish, with its node's index; `None` once none is left.
