@@ -1,5 +1,5 @@
 //! `scripts/batch.lua` run straight on a real redis-server: each acquire by what its keys
-//! already hold, and the fair queue on inputs that once aborted the whole batched script (so
+//! already hold, each release by its own token in batch order, and the fair queue on inputs that once aborted the whole batched script (so
 //! every other lock in the call failed on that node, and writes made before the error
 //! stayed): a queue name that holds another type, thousands of dead waiters, a huge node
 //! timeout; a resent fair acquire that had already landed, and a failed one that keeps its
@@ -285,6 +285,55 @@ fn the_batch_script_acquires_each_lock_by_what_its_keys_hold() {
     );
     let pttl: i64 = servers.cmd(0, &["PTTL", "free"]);
     assert!(pttl > 30_000, "a new key gets the TTL: {pttl} ms left");
+}
+
+/// Releases, the plain one-key ones among other kinds: each deletes only what holds its
+/// token, in batch order, and a key of another type is refused, not an error of the batch.
+#[test]
+fn each_release_in_a_batch_deletes_only_its_own_keys_in_order() {
+    let servers = Servers::start(1);
+    let _: () = servers.cmd(0, &["SET", "ours", "tok"]);
+    let _: () = servers.cmd(0, &["SET", "theirs", "other"]);
+    let _: i64 = servers.cmd(0, &["HSET", "hash", "field", "value"]);
+    let _: () = servers.cmd(0, &["SET", "multi:a", "tok"]);
+    let _: () = servers.cmd(0, &["SET", "multi:b", "tok"]);
+    let keys = [
+        "ours", "theirs", "hash", "ours", "multi:a", "multi:b", "again", "again", "last",
+    ];
+    let ops: [&[&str]; 8] = [
+        &["r", "tok", "0", "1"],     // ours: deleted
+        &["r", "tok", "0", "1"],     // theirs: kept
+        &["r", "tok", "0", "1"],     // a hash: refused, not an error
+        &["r", "tok", "0", "1"],     // ours again: already gone
+        &["r", "tok", "0", "2"],     // two keys, both ours
+        &["a", "tok", "60000", "1"], // taken...
+        &["r", "tok", "0", "1"],     // ...and released, after it
+        &["a", "tok", "60000", "1"], // the operation after the releases still lands
+    ];
+    let args: Vec<&str> = ops.iter().flat_map(|op| op.iter().copied()).collect();
+    let replies = batch(&servers, 0, &keys, &args).expect("the batch runs");
+    let int = redis::Value::Int;
+    assert_eq!(
+        replies,
+        [
+            int(1),
+            int(0),
+            int(0),
+            int(0),
+            int(2),
+            int(1),
+            int(1),
+            int(1)
+        ]
+    );
+    let get = |key: &str| servers.cmd::<Option<String>>(0, &["GET", key]);
+    assert_eq!(get("ours"), None);
+    assert_eq!(get("theirs").as_deref(), Some("other"));
+    let kind: String = servers.cmd(0, &["TYPE", "hash"]);
+    assert_eq!(kind, "hash");
+    assert_eq!((get("multi:a"), get("multi:b")), (None, None));
+    assert_eq!(get("again"), None, "released after its acquire");
+    assert_eq!(get("last").as_deref(), Some("tok"));
 }
 
 /// A release announces itself (`PUBLISH redfence:released:<key>`) only when someone waits
