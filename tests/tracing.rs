@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redfence::{Error, MemoryCounter};
-use support::{Servers, TestRedlock, eventually};
+use support::{PATIENT, Servers, TestRedlock};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Level, Subscriber};
@@ -211,13 +211,15 @@ async fn a_nodes_log_lines_name_the_node() {
         ..Capture::default()
     };
     let _default = tracing::subscriber::set_default(Registry::default().with(capture.clone()));
-    let redlock = servers.builder().build().expect("config");
+    // A node timeout a loaded machine meets: a call cut short leaves its reply to be read
+    // while the queue is idle, which would find the restart's closed socket itself (no
+    // retry, no line).
+    let redlock = servers
+        .builder()
+        .node_timeout(PATIENT)
+        .build()
+        .expect("config");
     let lock = redlock.acquire(&["a"], Duration::from_secs(5)).await;
-    lock.expect("acquire").release().await.expect("release");
-    // The node's queue still holds the connection the restart drops: its next call fails,
-    // reconnects and is retried once, with a debug line.
-    servers.restart(0);
-    let lock = redlock.acquire(&["b"], Duration::from_secs(5)).await;
     lock.expect("acquire").release().await.expect("release");
     // The lock came from nodes 1 and 2: node 0's queue may not have run its call yet.
     let retried = || {
@@ -228,7 +230,22 @@ async fn a_nodes_log_lines_name_the_node() {
                 .is_some_and(|m| m.contains("retrying the batch"))
         })
     };
-    eventually(retried).await;
+    // The node's queue still holds the connection the restart drops: its next call fails,
+    // reconnects and is retried once, with a debug line. On a loaded machine (about one run
+    // in ten with both cores busy) no call fails on the closed connection and nothing is
+    // logged: then restart again, a few times at most.
+    for _ in 0..3 {
+        servers.restart(0);
+        let lock = redlock.acquire(&["b"], Duration::from_secs(5)).await;
+        lock.expect("acquire").release().await.expect("release");
+        let deadline = std::time::Instant::now() + Duration::from_secs(3);
+        while !retried() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if retried() {
+            break;
+        }
+    }
 
     let events = capture.events.lock().expect("events").clone();
     let (_, spans) = events
