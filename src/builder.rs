@@ -168,7 +168,8 @@ impl RedlockBuilder {
     }
 
     /// A prefix put before every resource name to form its Redis key. Defaults to empty, which
-    /// is wire-compatible with node-redlock and redsync: the key is the resource name.
+    /// is wire-compatible with node-redlock and redsync: the key is the resource name. At most
+    /// 1 KiB ([`build`](Self::build) refuses a longer one).
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.config.key_prefix = prefix.into();
         self

@@ -78,6 +78,9 @@ impl fmt::Debug for Config {
     }
 }
 
+/// The longest key prefix, in bytes: it is written before every resource name in every call.
+const MAX_KEY_PREFIX_LEN: usize = 1024;
+
 impl Config {
     /// Checks every option; the first bad one is the error.
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
@@ -104,6 +107,15 @@ impl Config {
         }
         if let Some(t) = config.max_hold {
             positive("max_hold", t)?;
+        }
+        if config.key_prefix.len() > MAX_KEY_PREFIX_LEN {
+            return Err(ConfigError::BadOption {
+                option: "key_prefix",
+                reason: format!(
+                    "is {} bytes long; at most {MAX_KEY_PREFIX_LEN} are allowed",
+                    config.key_prefix.len()
+                ),
+            });
         }
         if let Err(reason) = config.backoff.check() {
             return Err(ConfigError::BadOption {

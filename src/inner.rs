@@ -27,6 +27,16 @@ pub const MAX_TTL: Duration = Duration::from_millis(i64::MAX as u64 / 2);
 /// [`InvalidInput::TooManyResources`] before any traffic.
 pub const MAX_RESOURCES: usize = 1_000;
 
+/// The longest resource name, in bytes (64 KiB). Every name is written to every node in each
+/// of the lock's calls, and a lock key's name is read by the server while it runs the script:
+/// a longer name would slow every lock that shares the node's queue with it. Longer names
+/// fail with [`InvalidInput::ResourceTooLong`] before any traffic.
+pub const MAX_RESOURCE_LEN: usize = 64 * 1024;
+
+/// The most bytes of resource names one lock may hold, all its names together (1 MiB); a
+/// larger request fails with [`InvalidInput::ResourcesTooLarge`] before any traffic.
+pub const MAX_RESOURCE_BYTES: usize = 1024 * 1024;
+
 /// What every clone of a `Redlock`, and every lock it hands out, share.
 pub(crate) struct Shared {
     pub(crate) config: Config,
@@ -159,8 +169,9 @@ fn reserved_suffix(key: &str) -> Option<&'static str> {
         .find(|suffix| key.ends_with(suffix))
 }
 
-/// Checks resource names (at least one, at most [`MAX_RESOURCES`], none empty, no
-/// duplicates) in time linear in their number, and returns them.
+/// Checks resource names (at least one, at most [`MAX_RESOURCES`], none empty or longer than
+/// [`MAX_RESOURCE_LEN`], at most [`MAX_RESOURCE_BYTES`] together, no duplicates) in time linear
+/// in their number, and returns them.
 pub(crate) fn resource_names(resources: &[impl AsRef<str>]) -> Result<Vec<String>, InvalidInput> {
     if resources.is_empty() {
         return Err(InvalidInput::NoResources);
@@ -177,10 +188,25 @@ pub(crate) fn resource_names(resources: &[impl AsRef<str>]) -> Result<Vec<String
         n => HashSet::with_capacity(n),
     };
     let mut names: Vec<String> = Vec::with_capacity(resources.len());
+    let mut total = 0;
     for (index, resource) in resources.iter().enumerate() {
         let name = resource.as_ref();
         if name.is_empty() {
             return Err(InvalidInput::EmptyResource { index });
+        }
+        if name.len() > MAX_RESOURCE_LEN {
+            return Err(InvalidInput::ResourceTooLong {
+                index,
+                len: name.len(),
+                max: MAX_RESOURCE_LEN,
+            });
+        }
+        total += name.len();
+        if total > MAX_RESOURCE_BYTES {
+            return Err(InvalidInput::ResourcesTooLarge {
+                index,
+                max: MAX_RESOURCE_BYTES,
+            });
         }
         if resources.len() > 1 && !seen.insert(name) {
             return Err(InvalidInput::DuplicateResource {

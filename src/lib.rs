@@ -101,7 +101,7 @@ pub use fence::counter::{FencingCounter, MemoryCounter};
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use fence::postgres::counter::PostgresCounter;
 pub use fence::redis::RedisCounter;
-pub use inner::{MAX_RESOURCES, MAX_TTL};
+pub use inner::{MAX_RESOURCE_BYTES, MAX_RESOURCE_LEN, MAX_RESOURCES, MAX_TTL};
 pub use inspect::{
     Holder, Inspection, KeyState, NodeCheck, NodeReport, ResourceView, TOKEN_PREFIX_LEN,
 };

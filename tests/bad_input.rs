@@ -214,3 +214,65 @@ async fn a_name_the_counter_cannot_store_is_refused_before_any_traffic() {
     assert!(e.to_string().contains("#1"), "{e}");
     assert_eq!(clients(&servers), 1);
 }
+
+#[tokio::test]
+async fn an_overlong_name_is_refused_before_any_traffic_and_one_at_the_cap_works() {
+    let servers = Servers::start(3);
+    let redlock = servers.builder().build().expect("config");
+    let huge = "x".repeat(8 * 1024 * 1024);
+    assert_eq!(
+        invalid(redlock.acquire(&["fine", huge.as_str()], TTL).await),
+        InvalidInput::ResourceTooLong {
+            index: 1,
+            len: huge.len(),
+            max: redfence::MAX_RESOURCE_LEN
+        }
+    );
+    // Many names under the cap that are too large together.
+    let big: Vec<String> = (0..20)
+        .map(|i| format!("{i:02}{}", "y".repeat(redfence::MAX_RESOURCE_LEN - 2)))
+        .collect();
+    assert_eq!(
+        invalid(redlock.acquire(&big, TTL).await),
+        InvalidInput::ResourcesTooLarge {
+            index: 16,
+            max: redfence::MAX_RESOURCE_BYTES
+        }
+    );
+    assert_eq!(
+        invalid(redlock.inspect(&[huge.as_str()]).await),
+        InvalidInput::ResourceTooLong {
+            index: 0,
+            len: huge.len(),
+            max: redfence::MAX_RESOURCE_LEN
+        }
+    );
+    assert_eq!(clients(&servers), 1, "no request reached a node");
+    // A name at the cap is taken and released, and the lock after it is unaffected.
+    let at_cap = "z".repeat(redfence::MAX_RESOURCE_LEN);
+    let lock = redlock
+        .acquire(&[at_cap.as_str()], TTL)
+        .await
+        .expect("at the cap");
+    lock.release().await.expect("release");
+    let next = redlock
+        .acquire(&["after-the-cap"], TTL)
+        .await
+        .expect("next");
+    next.release().await.expect("release");
+}
+
+#[test]
+fn an_overlong_key_prefix_is_refused_by_build() {
+    let refused = Redlock::builder()
+        .node("redis://127.0.0.1:1")
+        .key_prefix("p".repeat(1025))
+        .build();
+    match refused {
+        Err(ConfigError::BadOption { option, reason }) => {
+            assert_eq!(option, "key_prefix");
+            assert!(reason.contains("1025"), "{reason}");
+        }
+        other => panic!("expected BadOption, got {other:?}"),
+    }
+}

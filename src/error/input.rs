@@ -103,6 +103,27 @@ pub enum InvalidInput {
         /// Its position in the slice given.
         index: usize,
     },
+    /// A resource name is longer than [`MAX_RESOURCE_LEN`](crate::MAX_RESOURCE_LEN) bytes.
+    #[error("resource #{index} is {len} bytes long; a resource name may have at most {max}")]
+    ResourceTooLong {
+        /// Its position in the slice given.
+        index: usize,
+        /// Its length in bytes.
+        len: usize,
+        /// The limit, [`MAX_RESOURCE_LEN`](crate::MAX_RESOURCE_LEN).
+        max: usize,
+    },
+    /// The resource names of one lock are longer than
+    /// [`MAX_RESOURCE_BYTES`](crate::MAX_RESOURCE_BYTES) bytes together.
+    #[error(
+        "the resource names up to #{index} are over {max} bytes together; one lock's names may have at most {max}"
+    )]
+    ResourcesTooLarge {
+        /// The position of the name that went past the limit.
+        index: usize,
+        /// The limit, [`MAX_RESOURCE_BYTES`](crate::MAX_RESOURCE_BYTES).
+        max: usize,
+    },
     /// A resource's key ends the way redfence's own keys beside every lock do
     /// (`:redfence:waiting`, `:redfence:queue`, `:redfence:alive`, `:redfence:probe`): such a
     /// lock could be overwritten or deleted by the waiters, releases and connection probes of
