@@ -34,6 +34,7 @@ use crate::error::NodeFailure;
 
 pub use self::connect::Tls;
 pub(crate) use self::connection::LazyConnection;
+pub use self::redis::ConnectionStack;
 pub(crate) use self::redis::RedisNode;
 #[cfg(feature = "cluster")]
 pub(crate) use cluster::ClusterNode;

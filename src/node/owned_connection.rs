@@ -60,6 +60,8 @@ pub(crate) struct OwnedConnection {
     /// Whether a lock's plain acquire may go as a native command (`SET ... NX GET PX`,
     /// Redis 7 and Valkey) on this connection. Asked again on a new connection.
     natives: Natives,
+    /// Never natives, whatever the probe says (the connection-stack A/B's scripts-only arm).
+    scripts_only: bool,
 }
 
 impl OwnedConnection {
@@ -87,6 +89,7 @@ impl OwnedConnection {
             connecting: None,
             refusals: Refusals::default(),
             natives: Natives::Untried,
+            scripts_only: false,
         })
     }
 
@@ -140,12 +143,17 @@ impl OwnedConnection {
     /// Whether single-key acquires may go as native commands: connected, and the
     /// connection passed the probe (see [`Natives`]).
     pub(crate) fn takes_natives(&self) -> bool {
-        self.socket.is_some() && self.natives == Natives::Allowed
+        !self.scripts_only && self.socket.is_some() && self.natives == Natives::Allowed
     }
 
     /// Whether the next script call should carry the probe.
     pub(crate) fn wants_probe(&self) -> bool {
-        self.natives == Natives::Untried
+        !self.scripts_only && self.natives == Natives::Untried
+    }
+
+    /// Scripts only on this connection, for good (the connection-stack A/B).
+    pub(crate) fn scripts_only(&mut self) {
+        self.scripts_only = true;
     }
 
     /// A script call with the probe succeeded: natives from now on if the probe says the

@@ -15,6 +15,21 @@ use super::transport::Transport;
 use super::{GuardedWrite, KeyRow, Node, NodeCall, Request, script_call};
 use crate::error::NodeFailure;
 
+/// Which connection stack a plain `redis://` node's queue uses: the one knob of the
+/// connection-stack A/B benchmark (`cargo run --release --example bench -- stack`). Not a
+/// setting for users: it goes once the benchmark has decided (issue 27).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ConnectionStack {
+    /// The queue's own socket, with native acquires (the default).
+    #[default]
+    Own,
+    /// The queue's own socket, scripts only.
+    OwnScriptsOnly,
+    /// redis-rs's multiplexed connection, scripts only (as TLS and Unix-socket nodes).
+    Multiplexed,
+}
+
 /// A Redis master. Every lock's lock calls go through the node's one queue, which sends them
 /// batched over the queue task's own socket (a plain `redis://` node) or redis-rs's
 /// multiplexed connection (TLS, Unix socket); the advisory calls (`inspect`, guarded writes,
@@ -25,6 +40,7 @@ pub(crate) struct RedisNode {
     addr: String,
     shared: Arc<LazyConnection>,
     node_timeout: Duration,
+    stack: ConnectionStack,
     /// Tracks the background connects of the queue's own connection.
     tasks: TaskTracker,
     /// The node's request queue, started inside the runtime of the first call.
@@ -34,7 +50,12 @@ pub(crate) struct RedisNode {
 }
 
 impl RedisNode {
-    pub(crate) fn new(client: Client, node_timeout: Duration, tasks: TaskTracker) -> Self {
+    pub(crate) fn new(
+        client: Client,
+        node_timeout: Duration,
+        stack: ConnectionStack,
+        tasks: TaskTracker,
+    ) -> Self {
         let info = client.get_connection_info();
         let addr = format!("{}/{}", info.addr(), info.redis_settings().db());
         RedisNode {
@@ -44,6 +65,7 @@ impl RedisNode {
                     .tracked_by(tasks.clone()),
             ),
             node_timeout,
+            stack,
             tasks,
             pipeline: Arc::default(),
             restarted: Arc::default(),
@@ -97,13 +119,24 @@ impl RedisNode {
     fn start(&self, runtime: &tokio::runtime::Handle) -> Arc<Pipeline> {
         // A plain TCP node gets a socket of the queue's own; TLS and Unix-socket nodes share
         // redis-rs's connection.
-        let transport = match OwnedConnection::for_plain_tcp(
-            self.shared.client().get_connection_info(),
-            Some(batch::load_batch_script()),
-            connect_timeout(self.node_timeout),
-            self.tasks.clone(),
-        ) {
-            Some(owned) => Transport::Owned(Box::new(owned)),
+        let owned = match self.stack {
+            ConnectionStack::Multiplexed => None,
+            ConnectionStack::Own | ConnectionStack::OwnScriptsOnly => {
+                OwnedConnection::for_plain_tcp(
+                    self.shared.client().get_connection_info(),
+                    Some(batch::load_batch_script()),
+                    connect_timeout(self.node_timeout),
+                    self.tasks.clone(),
+                )
+            }
+        };
+        let transport = match owned {
+            Some(mut owned) => {
+                if self.stack == ConnectionStack::OwnScriptsOnly {
+                    owned.scripts_only();
+                }
+                Transport::Owned(Box::new(owned))
+            }
             None => Transport::Shared(Arc::clone(&self.shared)),
         };
         Arc::new(Pipeline::start(
