@@ -201,14 +201,6 @@ impl RedlockBuilder {
         self
     }
 
-    /// The connection-stack A/B benchmark's knob (`examples/bench`, `-- stack`); not a
-    /// setting for users, and gone once the benchmark has decided.
-    #[doc(hidden)]
-    pub fn connection_stack(mut self, stack: crate::ConnectionStack) -> Self {
-        self.config.connection_stack = stack;
-        self
-    }
-
     /// How a resource name maps to its *type*, the `type` label of the metrics (feature
     /// `metrics`), which never carry resource names. Defaults to
     /// [`ResourceType::prefix_before(':')`](ResourceType::prefix_before): `invoice:4821` is of

@@ -36,8 +36,6 @@ pub(crate) struct Config {
     pub(crate) events: EventHook,
     /// Fair mode: waiters line up on every node (see `RedlockBuilder::fair`).
     pub(crate) fair: bool,
-    /// The connection-stack A/B's knob (hidden; see `ConnectionStack`).
-    pub(crate) connection_stack: crate::node::ConnectionStack,
 }
 
 impl Default for Config {
@@ -56,7 +54,6 @@ impl Default for Config {
             resource_type: ResourceType::default(),
             events: EventHook::none(),
             fair: false,
-            connection_stack: crate::node::ConnectionStack::Own,
         }
     }
 }

@@ -8,18 +8,17 @@ pub(crate) const WAITING: &str = ":redfence:waiting";
 pub(crate) const QUEUE: &str = ":redfence:queue";
 /// `K:redfence:alive`, the fair queue's leases (waiters by the time their lease ends).
 pub(crate) const ALIVE: &str = ":redfence:alive";
-/// `K:<token>:redfence:probe`, written and deleted by a connection's probe (`node/native.rs`).
-pub(crate) const PROBE: &str = ":redfence:probe";
 
 /// Every reserved ending: a lock key may not end so, as it could be another lock's helper key.
-pub(crate) const RESERVED: [&str; 4] = [WAITING, QUEUE, ALIVE, PROBE];
-
-/// The shortest time a waiting mark lasts (ms): well beyond a retry delay.
-pub(crate) const MIN_WAIT_MARK_MS: u64 = 10_000;
+pub(crate) const RESERVED: [&str; 3] = [WAITING, QUEUE, ALIVE];
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The shortest time a waiting mark lasts (ms), as `batch.lua` declares it: well beyond a
+    /// retry delay.
+    const MIN_WAIT_MARK_MS: u64 = 10_000;
 
     #[test]
     fn the_scripts_use_the_same_endings_and_minimum() {

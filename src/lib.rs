@@ -106,8 +106,6 @@ pub use inspect::{
     Holder, Inspection, KeyState, NodeCheck, NodeReport, ResourceView, TOKEN_PREFIX_LEN,
 };
 pub use lock::Lock;
-#[doc(hidden)]
-pub use node::ConnectionStack;
 pub use node::Tls;
 pub use node_addr::NodeAddr;
 pub use redlock::Redlock;

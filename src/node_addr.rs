@@ -186,12 +186,7 @@ impl NodeAddr {
         }
         let client = self.client(index)?;
         let identities = address::identities(client.get_connection_info());
-        let node = RedisNode::new(
-            client,
-            config.node_timeout,
-            config.connection_stack,
-            tasks.clone(),
-        );
+        let node = RedisNode::new(client, config.node_timeout, tasks.clone());
         Ok((Arc::new(node), identities))
     }
 

@@ -118,8 +118,8 @@ async fn a_user_without_evalsha_gets_a_permission_error_that_names_it() {
         .retry_count(0)
         .build()
         .expect("config");
-    // No script call ever succeeds, so no acquire goes as a native `SET` either: that would
-    // grant a lock this user could neither extend nor release.
+    // No script call ever succeeds, so no lock is granted that this user could neither extend
+    // nor release.
     for _ in 0..2 {
         let err = redlock
             .acquire(&["a"], TTL)
@@ -127,7 +127,6 @@ async fn a_user_without_evalsha_gets_a_permission_error_that_names_it() {
             .expect_err("EVALSHA is refused");
         assert!(matches!(err, Error::QuorumUnreachable { .. }), "{err}");
     }
-    // (Stragglers may still be running the probe, which writes and deletes `a:redfence:probe`.)
     for i in 0..3 {
         assert_eq!(servers.get(i, "a"), None, "node {i}");
         assert!(

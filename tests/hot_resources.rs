@@ -239,10 +239,13 @@ async fn contending_holders_never_overlap() {
     );
 }
 
+/// A fair-mode manager polling every `delay`. With patient node calls: a call timed out on a
+/// loaded machine would cost a waiter its turn, which is not what these tests are about.
 fn fair(servers: &Servers, delay: Duration) -> Redlock {
     servers
         .builder()
         .fair(true)
+        .node_timeout(support::PATIENT)
         .backoff(Backoff::fixed(delay, Duration::ZERO).retries(200))
         .build()
         .expect("config")

@@ -12,7 +12,6 @@
 //! BENCH_OPS=20000 BENCH_ROUNDS=9 cargo run --release --example bench
 //! cargo run --release --all-features --example bench -- fencing   # the fencing scenario only
 //! cargo run --release --example bench -- load      # burst, idle, extension CPU, held locks
-//! cargo run --release --example bench -- stack     # connection-stack A/B (issue 27)
 //! cargo run --release --example bench -- hotspot   # 16 waiters on one resource, beside node-redlock
 //! cargo run --release --features metrics --example bench -- metrics   # recording cost
 //! # on given masters (e.g. those ../shared/peers/run.sh uses), for figures beside the peers':
@@ -218,15 +217,6 @@ async fn main() {
         hotspot::scenario(&urls).await;
         return;
     }
-    if only("stack") {
-        let rounds = std::env::var("BENCH_ROUNDS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(5_usize)
-            .max(1);
-        stack::scenario(&urls, ops, rounds).await;
-        return;
-    }
     if only("load") {
         load::scenarios(&urls, &redlock, &floor, ops).await;
         return;
@@ -416,4 +406,3 @@ mod hotspot;
 mod load;
 #[cfg(feature = "metrics")]
 mod recording;
-mod stack;

@@ -125,8 +125,8 @@ pub enum InvalidInput {
         max: usize,
     },
     /// A resource's key ends the way redfence's own keys beside every lock do
-    /// (`:redfence:waiting`, `:redfence:queue`, `:redfence:alive`, `:redfence:probe`): such a
-    /// lock could be overwritten or deleted by the waiters, releases and connection probes of
+    /// (`:redfence:waiting`, `:redfence:queue`, `:redfence:alive`): such a
+    /// lock could be overwritten or deleted by the waiters and releases of
     /// the lock it sits beside.
     #[error(
         "resource #{index} ({resource:?}) has a key ending in {suffix:?}, which redfence keeps for its own keys beside every lock"

@@ -1,24 +1,23 @@
 //! One batched script call of a node's queue: the requests it carries (capped by
-//! operations, keys and bytes), the one `EVALSHA` of `scripts/batch.lua` they become, and each
-//! request's own reply.
+//! operations, keys and bytes), the one `EVALSHA` of `scripts/batch.lua` they become (over the
+//! node's multiplexed connection, with its `NOSCRIPT` reload and one retry after a lost
+//! connection), and each request's own reply.
 
 use std::pin::Pin;
 use std::sync::LazyLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use redis::{Cmd, Script, Value};
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, Script, ServerErrorKind, Value};
 use tokio::sync::oneshot;
 use tokio::time::Sleep;
 
-use super::native::{self, NativeOutcome};
-use super::pipeline::{Job, Reply};
-use super::socket::Packed;
-use super::transport::{PipelineError, Pipelined, Transport};
-use super::{Op, Request};
+use super::connection::LazyConnection;
+use super::{Op, Reply, Request};
 use crate::error::NodeFailure;
 
-pub(super) const BATCH_SOURCE: &str = include_str!("../scripts/batch.lua");
-pub(super) static BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(BATCH_SOURCE));
+const BATCH_SOURCE: &str = include_str!("../scripts/batch.lua");
+static BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(BATCH_SOURCE));
 
 /// The most operations one batched call carries.
 pub(crate) const MAX_OPS: usize = 512;
@@ -27,16 +26,37 @@ pub(crate) const MAX_KEYS: usize = 4_096;
 /// The most bytes of key names, tokens and waiter ids one batched call carries (an operation
 /// with more goes alone).
 pub(crate) const MAX_BYTES: usize = 1 << 20;
+/// What a node's queue carries: a request and where its reply goes, or a marker that answers
+/// once everything queued before it has run.
+pub(super) enum Job {
+    Run {
+        req: Request,
+        /// `None` once the caller has been answered (it waited behind a hung call, or its
+        /// call was given up and the request is resent).
+        reply: Option<Reply>,
+        /// A release or leave given up (its call timed out or its connection was lost) is
+        /// resent until this instant, its lock's TTL after it was first given up: it must
+        /// reach the node, even after a reconnect. `None` for a request never given up.
+        resend_until: Option<Instant>,
+    },
+    Flush(oneshot::Sender<()>),
+}
+
+/// One request of a batch: as [`Job::Run`].
+struct Run {
+    req: Request,
+    reply: Option<Reply>,
+    resend_until: Option<Instant>,
+}
+
 /// The requests of one call, and the markers that wait for it.
 #[derive(Default)]
 pub(super) struct Batch {
-    runs: Vec<(Request, Option<Reply>)>,
+    runs: Vec<Run>,
     flushes: Vec<oneshot::Sender<()>>,
     keys: usize,
     bytes: usize,
-    /// The call being sent, kept for the next batch's: its native commands (then the script
-    /// call and the probe, as written), and its script call.
-    natives: Packed,
+    /// The call being sent, kept for the next batch's (its allocation reused).
     script: Cmd,
 }
 
@@ -71,15 +91,27 @@ impl Batch {
 
     fn add(&mut self, job: Job, always: bool) -> Result<(), Job> {
         match job {
-            Job::Run { req, reply } => {
+            Job::Run {
+                req,
+                reply,
+                resend_until,
+            } => {
                 let keys = self.keys + req.keys.len();
                 let bytes = self.bytes + size(&req);
                 if !always && (keys > MAX_KEYS || bytes > MAX_BYTES) {
-                    return Err(Job::Run { req, reply });
+                    return Err(Job::Run {
+                        req,
+                        reply,
+                        resend_until,
+                    });
                 }
                 self.keys = keys;
                 self.bytes = bytes;
-                self.runs.push((req, reply));
+                self.runs.push(Run {
+                    req,
+                    reply,
+                    resend_until,
+                });
             }
             Job::Flush(done) => self.flushes.push(done),
         }
@@ -90,126 +122,27 @@ impl Batch {
         self.runs.len() >= MAX_OPS || self.keys >= MAX_KEYS || self.bytes >= MAX_BYTES
     }
 
-    /// Sends the batch and answers each request; `Err` when the call as a whole failed or
-    /// `deadline` (set `timeout` after the call starts) passed first (the requests are then
-    /// still to be answered, by `fail`).
-    ///
-    /// The batch goes as one script call, except that on a node's own socket plain
-    /// single-key acquires may go as native commands in the same write, and a connection
-    /// not probed yet carries the probe (see `node/native.rs`).
+    /// Sends the batch as one `EVALSHA` and answers each request; `Err` when the call as a
+    /// whole failed or `deadline` (set `timeout` after the call starts) passed first (the
+    /// requests are then still to be answered, by [`fail`](Self::fail)).
     pub(super) async fn run(
         &mut self,
-        transport: &mut Transport,
+        connection: &LazyConnection,
         timeout: Duration,
-        mut deadline: Pin<&mut Sleep>,
+        deadline: Pin<&mut Sleep>,
     ) -> Result<(), NodeFailure> {
-        let mut repeated = false;
-        while !self.runs.is_empty() {
-            let native = if transport.takes_natives() {
-                native::natives(&self.runs)
-            } else {
-                vec![false; self.runs.len()]
-            };
-            let natives = native.iter().filter(|native| **native).count();
-            let probe = (natives == 0 && transport.wants_probe())
-                .then(|| {
-                    let (first, _) = &self.runs[0];
-                    let key = first.keys.first()?;
-                    Some(native::Probe::new(key, &first.token))
-                })
-                .flatten();
-            if natives == 0 && probe.is_none() {
-                self.write_script(|_| true);
-                let replies = tokio::select! {
-                    biased;
-                    replies = transport.evalsha(&self.script) => replies?,
-                    () = deadline.as_mut() => {
-                        transport.script_failed();
-                        return Err(NodeFailure::Timeout(timeout));
-                    }
-                };
-                check_count(replies.len(), self.runs.len())?;
-                for ((_, reply), value) in self.runs.drain(..).zip(replies) {
-                    if let Some(reply) = reply {
-                        let _ = reply.send(parse(value));
-                    }
-                }
-                break;
-            }
-            let in_script = self.runs.len() - natives;
-            if in_script > 0 {
-                self.write_script(|i| !native[i]);
-            }
-            let script = (in_script > 0).then_some(&self.script);
-            self.natives.clear();
-            for ((req, _), _) in self.runs.iter().zip(&native).filter(|(_, native)| **native) {
-                native::push_native_acquire(&mut self.natives, req);
-            }
-            let pipelined = tokio::select! {
+        if !self.runs.is_empty() {
+            self.write_script();
+            let replies = tokio::select! {
                 biased;
-                pipelined = transport.pipelined(&mut self.natives, script, probe.as_ref()) => {
-                    pipelined
-                }
-                () = deadline.as_mut() => {
-                    transport.script_failed();
-                    return Err(NodeFailure::Timeout(timeout));
-                }
+                replies = evalsha_once_more(&self.script, connection) => replies?,
+                () = deadline => return Err(NodeFailure::Timeout(timeout)),
             };
-            let Pipelined {
-                natives: native_replies,
-                script: script_replies,
-            } = match pipelined {
-                Ok(pipelined) => pipelined,
-                // On the new connection the batch goes as scripts (natives wait for the
-                // probe); each operation is repeat-safe.
-                Err(PipelineError::Lost(_)) if !repeated => {
-                    repeated = true;
-                    continue;
+            check_count(replies.len(), self.runs.len())?;
+            for (run, value) in self.runs.drain(..).zip(replies) {
+                if let Some(reply) = run.reply {
+                    let _ = reply.send(parse(value));
                 }
-                Err(PipelineError::Lost(failure) | PipelineError::Failed(failure)) => {
-                    return Err(failure);
-                }
-            };
-            let mut script_replies = match script_replies {
-                Ok(replies) => {
-                    check_count(replies.len(), in_script)?;
-                    Ok(replies.into_iter())
-                }
-                Err(failure) => Err(failure),
-            };
-            let mut native_replies = native_replies.into_iter();
-            let mut unsupported = Vec::new();
-            for ((req, reply), native) in self.runs.drain(..).zip(native) {
-                let answer = if native {
-                    match native::native_outcome(native_replies.next(), &req.token) {
-                        NativeOutcome::Granted => Ok(1),
-                        NativeOutcome::Refused => {
-                            transport.send_and_forget(&native::wait_mark(&req.keys[0], req.ttl_ms));
-                            Ok(0)
-                        }
-                        NativeOutcome::Failed(failure) => Err(failure),
-                        NativeOutcome::Unsupported => {
-                            unsupported.push((req, reply));
-                            continue;
-                        }
-                    }
-                } else {
-                    match &mut script_replies {
-                        Ok(replies) => replies
-                            .next()
-                            .map_or_else(|| Err(NodeFailure::Reply(count_mismatch())), parse),
-                        Err(failure) => Err(failure.clone()),
-                    }
-                };
-                if let Some(reply) = reply {
-                    let _ = reply.send(answer);
-                }
-            }
-            if !unsupported.is_empty() {
-                // Nothing else in this batch touched their keys: running them after the
-                // rest, as script operations, keeps every key's order.
-                transport.refuse_natives();
-                self.runs = unsupported;
             }
         }
         self.answer_flushes();
@@ -220,25 +153,18 @@ impl Batch {
     /// operation's arguments (kind, token, TTL, key count, and the fair queue's three for
     /// `f`, `l` and `R`), written straight into one command buffer (no allocation per
     /// argument).
-    /// Only the operations whose index `included` accepts. Written into `self.script`,
-    /// whose allocation the next batch reuses.
-    fn write_script(&mut self, included: impl Fn(usize) -> bool) {
+    /// Written into `self.script`, whose allocation the next batch reuses.
+    fn write_script(&mut self) {
         let Batch { runs, script, .. } = self;
-        let runs = || {
-            runs.iter()
-                .enumerate()
-                .filter(|(i, _)| included(*i))
-                .map(|(_, run)| run)
-        };
-        let keys: usize = runs().map(|(req, _)| req.keys.len()).sum();
+        let keys: usize = runs.iter().map(|run| run.req.keys.len()).sum();
         script.clear();
         script.arg("EVALSHA").arg(BATCH.get_hash()).arg(keys);
-        for (req, _) in runs() {
-            for key in req.keys.iter() {
+        for run in runs.iter() {
+            for key in run.req.keys.iter() {
                 script.arg(key.as_str());
             }
         }
-        for (req, _) in runs() {
+        for Run { req, .. } in runs.iter() {
             let kind = match (req.op, &req.queue) {
                 (Op::Acquire, None) => "a",
                 (Op::Acquire, Some(_)) => "f",
@@ -262,10 +188,32 @@ impl Batch {
         }
     }
 
-    pub(super) fn fail(&mut self, failure: &NodeFailure) {
-        for (_, reply) in self.runs.drain(..) {
-            if let Some(reply) = reply {
+    /// Answers every request of a batch whose call failed with `failure`, and hands back the
+    /// releases and fair queue leaves to send again (see [`Job::Run`]): the call may not have
+    /// reached the node (a lost connection), or may yet be lost with its connection (a time-out),
+    /// and a lock key must not outlive its release. Only after a time-out or a connection
+    /// failure: a reply that refuses the call (no permission, no script) is final.
+    pub(super) fn fail(&mut self, failure: &NodeFailure, resend: &mut Vec<Job>) {
+        let retryable = matches!(
+            failure,
+            NodeFailure::Timeout(_) | NodeFailure::Connection(_)
+        );
+        for run in self.runs.drain(..) {
+            if let Some(reply) = run.reply {
                 let _ = reply.send(Err(failure.clone()));
+            }
+            if !retryable || !matches!(run.req.op, Op::Release | Op::Leave) {
+                continue;
+            }
+            let until = run
+                .resend_until
+                .unwrap_or_else(|| resend_deadline(run.req.ttl_ms));
+            if crate::clock::now() < until {
+                resend.push(Job::Run {
+                    req: run.req,
+                    reply: None,
+                    resend_until: Some(until),
+                });
             }
         }
         self.answer_flushes();
@@ -278,11 +226,45 @@ impl Batch {
     }
 }
 
-/// `SCRIPT LOAD` of the batch script.
-pub(crate) fn load_batch_script() -> Cmd {
-    let mut load = redis::cmd("SCRIPT");
-    load.arg("LOAD").arg(BATCH_SOURCE);
-    load
+/// Until when a release or leave given up now is sent again: its lock's TTL (`ttl_ms`) from
+/// now, when its keys expire anyway; at least a second.
+fn resend_deadline(ttl_ms: u64) -> Instant {
+    let now = crate::clock::now();
+    let ttl = Duration::from_millis(ttl_ms).max(Duration::from_secs(1));
+    now.checked_add(ttl)
+        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365))
+}
+
+/// The script call, repeated once after a lost connection (every operation is repeat-safe
+/// for its token): redis-rs's connection reconnects after it.
+async fn evalsha_once_more(
+    command: &Cmd,
+    connection: &LazyConnection,
+) -> Result<Vec<Value>, NodeFailure> {
+    let mut conn = connection.connection().await?;
+    match evalsha(command, &mut conn).await {
+        Err(err) if err.is_io_error() || err.is_connection_dropped() => {
+            tracing::debug!(%err, "connection lost; retrying the batch once");
+            let mut conn = connection.connection().await?;
+            Ok(evalsha(command, &mut conn).await?)
+        }
+        other => Ok(other?),
+    }
+}
+
+/// Runs `command` (an `EVALSHA` of the batch script), loading the script first when the
+/// server does not have it (`NOSCRIPT`: first use, a restart, a `SCRIPT FLUSH`).
+async fn evalsha(
+    command: &Cmd,
+    connection: &mut impl ConnectionLike,
+) -> redis::RedisResult<Vec<Value>> {
+    match command.query_async(connection).await {
+        Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            BATCH.load_async(connection).await?;
+            command.query_async(connection).await
+        }
+        other => other,
+    }
 }
 
 fn check_count(replies: usize, requests: usize) -> Result<(), NodeFailure> {
@@ -337,6 +319,7 @@ mod tests {
                 queue: None,
             },
             reply: None,
+            resend_until: None,
         }
     }
 

@@ -9,18 +9,11 @@ pub(crate) mod connect;
 mod connection;
 #[cfg(test)]
 pub(crate) mod fake;
-#[cfg(test)]
-mod fake_server;
-mod native;
-mod owned_connection;
 mod pipeline;
 mod redis;
-mod resp;
 mod script_call;
 #[cfg(feature = "sentinel")]
 mod sentinel;
-mod socket;
-mod transport;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -34,12 +27,22 @@ use crate::error::NodeFailure;
 
 pub use self::connect::Tls;
 pub(crate) use self::connection::LazyConnection;
-pub use self::redis::ConnectionStack;
 pub(crate) use self::redis::RedisNode;
 #[cfg(feature = "cluster")]
 pub(crate) use cluster::ClusterNode;
 #[cfg(feature = "sentinel")]
 pub(crate) use sentinel::SentinelNode;
+
+/// Where one request's reply goes.
+pub(crate) type Reply = oneshot::Sender<Result<i64, NodeFailure>>;
+
+/// The serving task of a node's queue is gone: its runtime shut down.
+pub(crate) fn stopped() -> NodeFailure {
+    NodeFailure::Reply(::redis::RedisError::from((
+        ::redis::ErrorKind::Client,
+        "the node's request queue stopped (its runtime shut down)",
+    )))
+}
 
 /// Which script a request runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -114,7 +117,7 @@ impl Future for NodeCall {
         match self.get_mut() {
             NodeCall::Queued(answer) => Pin::new(answer)
                 .poll(cx)
-                .map(|answer| answer.unwrap_or_else(|_| Err(pipeline::stopped()))),
+                .map(|answer| answer.unwrap_or_else(|_| Err(stopped()))),
             NodeCall::Boxed(call) => call.as_mut().poll(cx),
         }
     }

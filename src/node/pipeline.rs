@@ -15,6 +15,11 @@
 //!   still sent, in order, when their turn comes (a release must follow an acquire that may
 //!   land yet), up to a cap, so a node that stays hung holds a bounded backlog; the acquires
 //!   and extends, never sent, are dropped.
+//! - A release or leave whose call timed out or lost its connection is sent again, alone or
+//!   with the next batch, until a call carrying it is answered or its lock's TTL has passed
+//!   (its keys are gone then anyway): a connection that resets, a node paused for longer than
+//!   the node timeout, never leave a lock key behind a release. A [`flush`](Pipeline::flush)
+//!   (what `Redlock::close` waits for) waits for these too.
 //! - The queue is bounded ([`QUEUE_CAPACITY`]): a request that finds it full fails with
 //!   [`NodeFailure::Overloaded`] instead of queueing without bound.
 
@@ -29,28 +34,14 @@ use tokio::runtime;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
-use super::batch::Batch;
-use super::transport::Transport;
-use super::{Op, Request};
+use super::batch::{Batch, Job};
+use super::connection::LazyConnection;
+use super::{Op, Request, stopped};
 use crate::clock;
 use crate::error::NodeFailure;
 
 /// The most requests waiting for one node.
 pub(crate) const QUEUE_CAPACITY: usize = 65_536;
-
-/// Where one request's reply goes.
-pub(super) type Reply = oneshot::Sender<Result<i64, NodeFailure>>;
-
-/// What the queue carries: a request and where its reply goes, or a marker that answers once
-/// everything queued before it has run.
-pub(super) enum Job {
-    Run {
-        req: Request,
-        /// `None` once the caller has been answered (it waited behind a hung call).
-        reply: Option<Reply>,
-    },
-    Flush(oneshot::Sender<()>),
-}
 
 /// The sending side of one node's queue. The serving task ends when the last `Pipeline`
 /// (the node) is dropped.
@@ -83,10 +74,10 @@ impl Progress {
 }
 
 impl Pipeline {
-    /// Starts the serving task, sending over `transport`, on the current runtime. Its log
+    /// Starts the serving task, sending over `connection`, on the current runtime. Its log
     /// lines carry the node's address `addr` (in a `redfence.node` span).
     pub(crate) fn start(
-        transport: Transport,
+        connection: Arc<LazyConnection>,
         node_timeout: Duration,
         addr: &str,
         flavor: runtime::RuntimeFlavor,
@@ -98,7 +89,7 @@ impl Pipeline {
         let watched = flavor == runtime::RuntimeFlavor::CurrentThread;
         // Only a watched queue's progress is read: the others' task need not stamp it.
         let stamps = watched.then(|| Arc::clone(&progress));
-        let serving = serve(queue, transport, node_timeout, stamps);
+        let serving = serve(queue, connection, node_timeout, stamps);
         tokio::spawn(serving.instrument(span));
         Pipeline {
             jobs,
@@ -167,6 +158,7 @@ impl Pipeline {
         match self.jobs.try_send(Job::Run {
             req,
             reply: Some(reply),
+            resend_until: None,
         }) {
             Ok(()) => Ok(answer),
             Err(mpsc::error::TrySendError::Full(_)) => Err(NodeFailure::Overloaded {
@@ -193,34 +185,30 @@ impl Pipeline {
     }
 }
 
-/// The serving task is gone: its runtime shut down.
-pub(crate) fn stopped() -> NodeFailure {
-    NodeFailure::Reply(redis::RedisError::from((
-        ErrorKind::Client,
-        "the node's request queue stopped (its runtime shut down)",
-    )))
-}
-
-/// Serves the queue until every sender is gone.
+/// Serves the queue until every sender is gone and nothing is left to resend.
 async fn serve(
     mut queue: mpsc::Receiver<Job>,
-    mut transport: Transport,
+    connection: Arc<LazyConnection>,
     timeout: Duration,
     progress: Option<Arc<Progress>>,
 ) {
     // Requests taken off the queue but not sent yet, in order: the one that did not fit the
     // last batch, and those that waited behind a hung call (their callers already answered).
     let mut backlog: VecDeque<Job> = VecDeque::new();
+    // Releases and leaves given up, to send again (see `Batch::fail`), and the flush markers
+    // that wait for them.
+    let mut resend = Resend::new(timeout);
     // One timer for every call: moving its deadline later is an atomic store, where a new
     // timer per call is an insert into the timer wheel (and a wake-up of the thread that
     // sleeps on it, when the runtime is idle).
     let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline);
     let mut batch = Batch::default();
+    let mut open = true;
     loop {
         let first = match backlog.pop_front() {
             Some(job) => job,
-            None => match transport.next_job(&mut queue).await {
+            None => match resend.next_job(&mut queue, &mut open).await {
                 Some(job) => job,
                 None => return,
             },
@@ -228,14 +216,19 @@ async fn serve(
         if let Some(progress) = &progress {
             progress.mark();
         }
+        let first = resend.hold_flush(first);
         batch.start(first);
-        // Coalesce what is already waiting, up to the caps, in order.
+        // Coalesce what is already waiting, up to the caps, in order; then what is to be
+        // sent again.
         while !batch.full() {
             let next = match backlog.pop_front() {
                 Some(job) => job,
                 None => match queue.try_recv() {
-                    Ok(job) => job,
-                    Err(_) => break,
+                    Ok(job) => resend.hold_flush(job),
+                    Err(_) => match resend.jobs.pop() {
+                        Some(job) => job,
+                        None => break,
+                    },
                 },
             };
             if let Err(next) = batch.try_push(next) {
@@ -247,20 +240,116 @@ async fn serve(
         if let Some(at) = tokio::time::Instant::from_std(clock::now()).checked_add(timeout) {
             deadline.as_mut().reset(at);
         }
-        let ran = batch.run(&mut transport, timeout, deadline.as_mut()).await;
+        let ran = batch.run(&connection, timeout, deadline.as_mut()).await;
         if let Some(progress) = &progress {
             progress.mark();
         }
         if let Err(failure) = ran {
-            batch.fail(&failure);
+            batch.fail(&failure, &mut resend.jobs);
+            resend.failed();
             if matches!(failure, NodeFailure::Timeout(_)) {
                 // Every request queued behind a hung call has waited long enough: answer it
                 // now.
                 while let Ok(job) = queue.try_recv() {
-                    backlog.push_back(job);
+                    backlog.push_back(resend.hold_flush(job));
                 }
                 answer_behind_hung_call(&mut backlog, &failure);
             }
+        }
+        resend.settle();
+    }
+}
+
+/// The releases and leaves a node's queue sends again, and the flushes waiting for them.
+struct Resend {
+    jobs: Vec<Job>,
+    /// Flush markers that arrived while something was to be sent again: answered once
+    /// nothing is.
+    flushes: Vec<oneshot::Sender<()>>,
+    /// The pause before sending them again alone, after a failed call.
+    pause: Duration,
+    /// When they may be sent again alone (nothing else to send); set whenever `jobs` is not
+    /// empty.
+    next: Option<tokio::time::Instant>,
+}
+
+impl Resend {
+    fn new(node_timeout: Duration) -> Self {
+        Resend {
+            jobs: Vec::new(),
+            flushes: Vec::new(),
+            pause: node_timeout.clamp(Duration::from_millis(5), Duration::from_millis(500)),
+            next: None,
+        }
+    }
+
+    /// The next job: one from the queue, or, once the pause after a failed call is over, one
+    /// to send again. `None` when the queue is closed and nothing is left to send.
+    async fn next_job(&mut self, queue: &mut mpsc::Receiver<Job>, open: &mut bool) -> Option<Job> {
+        loop {
+            let Some(at) = self.next.filter(|_| !self.jobs.is_empty()) else {
+                if !*open {
+                    return None;
+                }
+                return queue.recv().await;
+            };
+            if !*open {
+                tokio::time::sleep_until(at).await;
+                self.next = None;
+                return self.jobs.pop();
+            }
+            tokio::select! {
+                job = queue.recv() => match job {
+                    Some(job) => return Some(job),
+                    None => *open = false,
+                },
+                () = tokio::time::sleep_until(at) => {
+                    self.next = None;
+                    return self.jobs.pop();
+                }
+            }
+        }
+    }
+
+    /// `job`, or `job`'s place taken by nothing when it is a flush that must wait for what is
+    /// to be sent again (it is answered by [`settle`](Self::settle)).
+    fn hold_flush(&mut self, job: Job) -> Job {
+        match job {
+            Job::Flush(done) if !self.jobs.is_empty() => {
+                self.flushes.push(done);
+                // An empty flush keeps the batch's shape: answered with it.
+                let (placeholder, _) = oneshot::channel();
+                Job::Flush(placeholder)
+            }
+            job => job,
+        }
+    }
+
+    /// A call failed: what is to be sent again waits for the pause (unless other requests
+    /// go first, which it joins), and at most [`QUEUE_CAPACITY`] are kept (the oldest:
+    /// they follow the acquires most likely to have landed).
+    fn failed(&mut self) {
+        self.jobs.truncate(QUEUE_CAPACITY);
+        if !self.jobs.is_empty() {
+            self.next = Some(tokio::time::Instant::now() + self.pause);
+        }
+    }
+
+    /// Drops what has run out of time, and answers the waiting flushes once nothing is left.
+    fn settle(&mut self) {
+        let now = clock::now();
+        self.jobs.retain(|job| match job {
+            Job::Run { resend_until, .. } => resend_until.is_some_and(|until| now < until),
+            Job::Flush(_) => true,
+        });
+        if self.jobs.is_empty() {
+            self.next = None;
+            for done in self.flushes.drain(..) {
+                let _ = done.send(());
+            }
+        } else if self.next.is_none() {
+            // Left over from a full batch that was answered: next, with no pause.
+            self.next = Some(tokio::time::Instant::now());
         }
     }
 }
@@ -277,7 +366,7 @@ async fn serve(
 fn answer_behind_hung_call(backlog: &mut VecDeque<Job>, failure: &NodeFailure) {
     let mut cleanups = 0;
     backlog.retain_mut(|job| match job {
-        Job::Run { req, reply } => {
+        Job::Run { req, reply, .. } => {
             if let Some(reply) = reply.take() {
                 let _ = reply.send(Err(failure.clone()));
             }
@@ -307,6 +396,7 @@ mod tests {
         let job = Job::Run {
             req,
             reply: Some(reply),
+            resend_until: None,
         };
         (job, answer)
     }

@@ -7,42 +7,21 @@ use futures::future::BoxFuture;
 use redis::Client;
 use tokio_util::task::TaskTracker;
 
-use super::batch;
 use super::connection::LazyConnection;
-use super::owned_connection::OwnedConnection;
 use super::pipeline::Pipeline;
-use super::transport::Transport;
 use super::{GuardedWrite, KeyRow, Node, NodeCall, Request, script_call};
 use crate::error::NodeFailure;
 
-/// Which connection stack a plain `redis://` node's queue uses: the one knob of the
-/// connection-stack A/B benchmark (`cargo run --release --example bench -- stack`). Not a
-/// setting for users: it goes once the benchmark has decided (issue 27).
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum ConnectionStack {
-    /// The queue's own socket, with native acquires (the default).
-    #[default]
-    Own,
-    /// The queue's own socket, scripts only.
-    OwnScriptsOnly,
-    /// redis-rs's multiplexed connection, scripts only (as TLS and Unix-socket nodes).
-    Multiplexed,
-}
-
 /// A Redis master. Every lock's lock calls go through the node's one queue, which sends them
-/// batched over the queue task's own socket (a plain `redis://` node) or redis-rs's
-/// multiplexed connection (TLS, Unix socket); the advisory calls (`inspect`, guarded writes,
-/// `CONFIG GET`) use that multiplexed connection. Connections are made on first use, inside
-/// the caller's runtime, and remade after failures.
+/// batched over redis-rs's multiplexed connection (whatever the address: TCP, TLS, a Unix
+/// socket); the advisory calls (`inspect`, guarded writes, `CONFIG GET`) use the same
+/// connection. It is made on first use, inside the caller's runtime, and remade after
+/// failures.
 #[derive(Clone)]
 pub(crate) struct RedisNode {
     addr: String,
     shared: Arc<LazyConnection>,
     node_timeout: Duration,
-    stack: ConnectionStack,
-    /// Tracks the background connects of the queue's own connection.
-    tasks: TaskTracker,
     /// The node's request queue, started inside the runtime of the first call.
     pipeline: Arc<OnceLock<Arc<Pipeline>>>,
     /// The queue started again on a caller's runtime, once the first one's runtime shut down.
@@ -50,23 +29,15 @@ pub(crate) struct RedisNode {
 }
 
 impl RedisNode {
-    pub(crate) fn new(
-        client: Client,
-        node_timeout: Duration,
-        stack: ConnectionStack,
-        tasks: TaskTracker,
-    ) -> Self {
+    pub(crate) fn new(client: Client, node_timeout: Duration, tasks: TaskTracker) -> Self {
         let info = client.get_connection_info();
         let addr = format!("{}/{}", info.addr(), info.redis_settings().db());
         RedisNode {
             addr,
             shared: Arc::new(
-                LazyConnection::new(client, connect_timeout(node_timeout))
-                    .tracked_by(tasks.clone()),
+                LazyConnection::new(client, connect_timeout(node_timeout)).tracked_by(tasks),
             ),
             node_timeout,
-            stack,
-            tasks,
             pipeline: Arc::default(),
             restarted: Arc::default(),
         }
@@ -117,30 +88,8 @@ impl RedisNode {
 
     /// A new request queue on `runtime`.
     fn start(&self, runtime: &tokio::runtime::Handle) -> Arc<Pipeline> {
-        // A plain TCP node gets a socket of the queue's own; TLS and Unix-socket nodes share
-        // redis-rs's connection.
-        let owned = match self.stack {
-            ConnectionStack::Multiplexed => None,
-            ConnectionStack::Own | ConnectionStack::OwnScriptsOnly => {
-                OwnedConnection::for_plain_tcp(
-                    self.shared.client().get_connection_info(),
-                    Some(batch::load_batch_script()),
-                    connect_timeout(self.node_timeout),
-                    self.tasks.clone(),
-                )
-            }
-        };
-        let transport = match owned {
-            Some(mut owned) => {
-                if self.stack == ConnectionStack::OwnScriptsOnly {
-                    owned.scripts_only();
-                }
-                Transport::Owned(Box::new(owned))
-            }
-            None => Transport::Shared(Arc::clone(&self.shared)),
-        };
         Arc::new(Pipeline::start(
-            transport,
+            Arc::clone(&self.shared),
             self.node_timeout,
             &self.addr,
             runtime.runtime_flavor(),

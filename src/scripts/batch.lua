@@ -248,7 +248,7 @@ while i <= #ARGV do
   n = n + 1
   if ARGV[i] == "r" and ARGV[i + 3] == "1" then
     -- The usual release (one key, not fair), first and with nothing else to decode: under
-    -- load most of a batch's operations are these (acquires go as native commands).
+    -- load about half of a batch's operations are these.
     out[n] = release(KEYS[k], ARGV[i + 1], nil)
     i = i + 4
     k = k + 1
