@@ -1,6 +1,5 @@
 //! `RedlockBuilder` and the validated `Config` it produces.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +10,7 @@ use crate::error::ConfigError;
 use crate::events::{Event, EventHook};
 use crate::fence::FencingCounter;
 use crate::inner::Shared;
-use crate::node::Node;
+use crate::node::Voter;
 #[cfg(test)]
 use crate::node::fake::{Fake, FakeNode};
 use crate::node_addr::NodeAddr;
@@ -243,27 +242,28 @@ impl RedlockBuilder {
             return Err(ConfigError::NoNodes);
         }
         let tasks = TaskTracker::new();
-        let mut nodes: Vec<Arc<dyn Node>> = Vec::with_capacity(self.nodes.len());
-        let mut seen: Vec<BTreeSet<String>> = Vec::with_capacity(self.nodes.len());
+        let mut voters: Vec<Voter> = Vec::with_capacity(self.nodes.len());
         for (index, addr) in self.nodes.into_iter().enumerate() {
-            let (node, identities) = addr.into_node(index, &config, &tasks)?;
-            if let Some(first) = seen.iter().position(|s| !s.is_disjoint(&identities)) {
+            let voter = addr.into_voter(index, &config, &tasks)?;
+            if let Some(first) = voters
+                .iter()
+                .position(|v| !v.identities.is_disjoint(&voter.identities))
+            {
                 return Err(ConfigError::DuplicateNode {
                     first,
                     second: index,
-                    addr: node.addr().to_owned(),
+                    addr: voter.node.addr().to_owned(),
                 });
             }
-            seen.push(identities);
-            if config.fair && !node.queues() {
+            if config.fair && !voter.kind.queues() {
                 return Err(ConfigError::FairQueueUnsupported {
                     index,
-                    addr: node.addr().to_owned(),
+                    addr: voter.node.addr().to_owned(),
                 });
             }
-            nodes.push(node);
+            voters.push(voter);
         }
-        Ok(Redlock::from_shared(Shared::new(config, nodes, tasks)))
+        Ok(Redlock::from_shared(Shared::new(config, voters, tasks)))
     }
 
     /// Builds a `Redlock` over `n` healthy fake nodes instead of the configured URLs, and
@@ -271,10 +271,19 @@ impl RedlockBuilder {
     #[cfg(test)]
     pub(crate) fn build_over_fakes(self, n: usize) -> (Vec<Arc<FakeNode>>, Redlock) {
         let (fakes, nodes) = crate::node::fake::fakes(&vec![Fake::Real; n]);
+        let voters = nodes
+            .into_iter()
+            .map(|node| Voter {
+                node,
+                kind: crate::node::VoterKind::Server,
+                identities: std::collections::BTreeSet::new(),
+                pubsub: None,
+            })
+            .collect();
         let redlock = self
             .config
             .validate()
-            .map(|()| Redlock::from_shared(Shared::new(self.config, nodes, TaskTracker::new())))
+            .map(|()| Redlock::from_shared(Shared::new(self.config, voters, TaskTracker::new())))
             .expect("a valid test configuration");
         (fakes, redlock)
     }

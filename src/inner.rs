@@ -13,7 +13,7 @@ use crate::config::Config;
 use crate::error::{Error, InvalidInput};
 use crate::events::Event;
 use crate::hand_off::{HandOff, Hold};
-use crate::node::{Node, Op, QueueTicket, Request};
+use crate::node::{Node, Op, QueueTicket, Request, Voter, VoterKind};
 use crate::quorum::{self, Round, Settled, Until};
 use crate::using::Alarms;
 
@@ -41,6 +41,8 @@ pub const MAX_RESOURCE_BYTES: usize = 1024 * 1024;
 pub(crate) struct Shared {
     pub(crate) config: Config,
     pub(crate) nodes: Vec<Arc<dyn Node>>,
+    /// What kind of voter each node is.
+    kinds: Vec<VoterKind>,
     /// Background work: first connects, straggler drains, releases of dropped locks and of
     /// abandoned attempts. `Redlock::close` waits for it.
     pub(crate) tasks: TaskTracker,
@@ -77,11 +79,20 @@ pub(crate) struct Held {
 }
 
 impl Shared {
-    pub(crate) fn new(config: Config, nodes: Vec<Arc<dyn Node>>, tasks: TaskTracker) -> Self {
+    pub(crate) fn new(config: Config, voters: Vec<Voter>, tasks: TaskTracker) -> Self {
+        let mut nodes = Vec::with_capacity(voters.len());
+        let mut kinds = Vec::with_capacity(voters.len());
+        let mut pubsub = Vec::with_capacity(voters.len());
+        for voter in voters {
+            nodes.push(voter.node);
+            kinds.push(voter.kind);
+            pubsub.push(voter.pubsub);
+        }
         Shared {
             config,
-            hand_off: HandOff::new(&nodes),
+            hand_off: HandOff::new(pubsub),
             nodes,
+            kinds,
             tasks,
             closed: AtomicBool::new(false),
             alarms: Alarms::default(),
@@ -140,8 +151,8 @@ impl Shared {
     /// Checks that every node can take `keys` in one call: a Cluster voter only when they
     /// share a hash slot.
     pub(crate) fn one_call_each(&self, keys: &[String]) -> Result<(), InvalidInput> {
-        for (node, n) in self.nodes.iter().enumerate() {
-            if let Some((first, second)) = n.split_keys(keys) {
+        for (node, (n, kind)) in self.nodes.iter().zip(&self.kinds).enumerate() {
+            if let Some((first, second)) = kind.split_keys(keys) {
                 return Err(InvalidInput::KeysAcrossSlots {
                     node,
                     addr: n.addr().to_owned(),

@@ -1,7 +1,6 @@
 //! `NodeAddr`: one voter as the builder is given it (a URL, a `redis::Client`, a whole
 //! cluster) with its TLS settings, and the `Node` it becomes at `build()`.
 
-use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 
@@ -10,7 +9,7 @@ use tokio_util::task::TaskTracker;
 use crate::address;
 use crate::config::Config;
 use crate::error::ConfigError;
-use crate::node::{Node, RedisNode, Tls, connect};
+use crate::node::{RedisNode, Tls, Voter, VoterKind, connect};
 
 /// A Redis master to lock on: a URL (`redis://host:port/db`, `redis://user:password@host`,
 /// `rediss://host:port` for TLS, `redis+unix:///path/to/redis.sock`) or a [`redis::Client`],
@@ -158,14 +157,13 @@ impl NodeAddr {
         }
     }
 
-    /// The node this address names (node `index`), with the server addresses it answers at
-    /// (for duplicate detection).
-    pub(crate) fn into_node(
+    /// The voter this address names (node `index`).
+    pub(crate) fn into_voter(
         self,
         index: usize,
         config: &Config,
         tasks: &TaskTracker,
-    ) -> Result<(Arc<dyn Node>, BTreeSet<String>), ConfigError> {
+    ) -> Result<Voter, ConfigError> {
         #[cfg(feature = "cluster")]
         if let NodeRepr::Cluster(seeds) = &self.repr {
             return cluster_node(index, seeds, self.tls.as_ref(), config);
@@ -187,7 +185,12 @@ impl NodeAddr {
         let client = self.client(index)?;
         let identities = address::identities(client.get_connection_info());
         let node = RedisNode::new(client, config.node_timeout, tasks.clone());
-        Ok((Arc::new(node), identities))
+        Ok(Voter {
+            pubsub: Some(node.pubsub_client()),
+            node: Arc::new(node),
+            kind: VoterKind::Server,
+            identities,
+        })
     }
 
     /// Connects with these TLS settings (a custom CA, a client certificate, ...). The URL must
@@ -249,7 +252,7 @@ fn cluster_node(
     seeds: &[String],
     tls: Option<&Tls>,
     config: &Config,
-) -> Result<(Arc<dyn Node>, BTreeSet<String>), ConfigError> {
+) -> Result<Voter, ConfigError> {
     let addr = cluster_addr(seeds);
     // redis-rs connects to every node of the cluster with TLS settings of its own, not the
     // seeds': a CA or client certificate given here would be silently left out.
@@ -270,7 +273,7 @@ fn cluster_node(
         });
     }
     let mut infos = Vec::with_capacity(seeds.len());
-    let mut identities = BTreeSet::new();
+    let mut identities = std::collections::BTreeSet::new();
     for seed in seeds {
         let client = NodeAddr {
             repr: NodeRepr::Url(seed.clone()),
@@ -288,7 +291,12 @@ fn cluster_node(
                 reason: err.to_string(),
             }
         })?;
-    Ok((Arc::new(node), identities))
+    Ok(Voter {
+        node: Arc::new(node),
+        kind: VoterKind::Cluster,
+        identities,
+        pubsub: None,
+    })
 }
 
 /// A sentinel voter (node `index`). Its identity for duplicate detection is the master's name
@@ -299,7 +307,7 @@ fn sentinel_node(
     sentinels: &[String],
     master: &str,
     config: &Config,
-) -> Result<(Arc<dyn Node>, BTreeSet<String>), ConfigError> {
+) -> Result<Voter, ConfigError> {
     let addr = sentinel_addr(sentinels, master);
     let bad = |reason: String| ConfigError::BadNodeUrl {
         index,
@@ -317,7 +325,7 @@ fn sentinel_node(
         ));
     }
     let mut infos = Vec::with_capacity(sentinels.len());
-    let mut identities = BTreeSet::new();
+    let mut identities = std::collections::BTreeSet::new();
     for url in sentinels {
         let client = NodeAddr::url(url.clone()).client(index)?;
         for id in address::identities(client.get_connection_info()) {
@@ -328,7 +336,12 @@ fn sentinel_node(
     let node =
         crate::node::SentinelNode::new(infos, master.to_owned(), addr.clone(), config.node_timeout)
             .map_err(|err| bad(err.to_string()))?;
-    Ok((Arc::new(node), identities))
+    Ok(Voter {
+        node: Arc::new(node),
+        kind: VoterKind::Sentinel,
+        identities,
+        pubsub: None,
+    })
 }
 
 impl From<&str> for NodeAddr {

@@ -65,13 +65,11 @@ async fn bad_requests_never_reach_a_node() {
         invalid(redlock.acquire(&["a"], Duration::MAX).await),
         InvalidInput::TtlTooLong { .. }
     ));
-    // A key that could be another lock's helper key (its fair queue, its waiting mark, the
-    // key a connection's probe writes and deletes).
+    // A key that could be another lock's helper key (its fair queue, its waiting mark).
     for reserved in [
         "job:redfence:waiting",
         "job:redfence:queue",
         "job:redfence:alive",
-        "job:redfence:probe",
     ] {
         match invalid(redlock.try_acquire(&["a", reserved], TTL).await) {
             InvalidInput::ReservedName {
@@ -86,9 +84,9 @@ async fn bad_requests_never_reach_a_node() {
         .key_prefix("job:redfence:")
         .build()
         .expect("config");
-    match invalid(prefixed.try_acquire(&["probe"], TTL).await) {
-        InvalidInput::ReservedName { resource, .. } => assert_eq!(resource, "probe"),
-        other => panic!("job:redfence:probe: {other:?}"),
+    match invalid(prefixed.try_acquire(&["queue"], TTL).await) {
+        InvalidInput::ReservedName { resource, .. } => assert_eq!(resource, "queue"),
+        other => panic!("job:redfence:queue: {other:?}"),
     }
     // The lazy connections were never even opened, and nothing was written.
     assert_eq!(clients(&servers), 1);

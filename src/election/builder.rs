@@ -201,12 +201,7 @@ impl ElectionBuilder {
         // On a Cluster voter both keys must share a slot: the name is their hash tag, which a
         // name starting with `}` or a key prefix with an empty tag (`{}`) breaks.
         let both = [lock_key.to_string(), record_key.to_string()];
-        if self
-            .shared
-            .nodes
-            .iter()
-            .any(|n| n.split_keys(&both).is_some())
-        {
+        if self.shared.one_call_each(&both).is_err() {
             return Err(bad_option(
                 "election name",
                 "puts the election's lock and leader record in different Redis Cluster slots \

@@ -37,7 +37,7 @@ pub(super) fn decode(value: &str) -> Option<(Leader, &str)> {
 pub(super) async fn write_everywhere(shared: &Shared, write: GuardedWrite) -> usize {
     let timeout = shared.config.node_timeout;
     let calls = shared.nodes.iter().map(|node| {
-        let call = node.write_if_held(&write);
+        let call = crate::node::write_if_held(&**node, write.clone());
         async move { matches!(tokio::time::timeout(timeout, call).await, Ok(Ok(true))) }
     });
     let written = futures::future::join_all(calls).await;
@@ -71,8 +71,9 @@ pub(super) async fn read(
     let keys: Arc<[String]> = Arc::from(vec![lock_key.to_owned(), record_key.to_owned()]);
     let timeout = shared.config.node_timeout;
     let calls = shared.nodes.iter().enumerate().map(|(index, node)| {
-        let call = node.inspect(Arc::clone(&keys), false);
+        let keys = Arc::clone(&keys);
         async move {
+            let call = crate::node::inspect(&**node, keys, false);
             let reply = match tokio::time::timeout(timeout, call).await {
                 Ok(reply) => reply,
                 Err(_) => Err(NodeFailure::Timeout(timeout)),

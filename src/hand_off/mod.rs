@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Notify, OwnedMutexGuard, mpsc};
 
 use self::subscriber::Command;
-use crate::node::Nodes;
 
 /// The channel prefix of release messages; the key follows it.
 pub(crate) const CHANNEL_PREFIX: &str = "redfence:released:";
@@ -108,14 +107,16 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl HandOff {
-    pub(crate) fn new(nodes: &Nodes) -> Self {
+    /// Hand-off over the nodes whose pub/sub clients are `clients` (in node order; `None`
+    /// for a voter that cannot subscribe).
+    pub(crate) fn new(clients: Vec<Option<redis::Client>>) -> Self {
         HandOff {
             state: Arc::new(State {
                 keys: Mutex::default(),
-                quorum: crate::quorum::quorum(nodes.len()),
+                quorum: crate::quorum::quorum(clients.len()),
             }),
             subscribers: Mutex::new(None),
-            clients: nodes.iter().map(|node| node.pubsub_client()).collect(),
+            clients,
         }
     }
 

@@ -2,11 +2,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::node::fake::{Fake, fakes};
 
 fn hand_off() -> HandOff {
-    let (_, nodes) = fakes(&[Fake::Real, Fake::Real, Fake::Real]);
-    HandOff::new(&nodes)
+    HandOff::new(vec![None, None, None])
 }
 
 fn keys(names: &[&str]) -> Vec<String> {

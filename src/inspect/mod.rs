@@ -35,9 +35,10 @@ pub(crate) async fn read(
     shared.one_call_each(&keys)?;
     let timeout = shared.config.node_timeout;
     let calls = shared.nodes.iter().enumerate().map(|(index, node)| {
-        let call = node.inspect(Arc::clone(&keys), delete);
+        let keys = Arc::clone(&keys);
         let expected = keys.len();
         async move {
+            let call = crate::node::inspect(&**node, keys, delete);
             let reply = match tokio::time::timeout(timeout, call).await {
                 Ok(reply) => reply,
                 Err(_) => Err(NodeFailure::Timeout(timeout)),
@@ -62,9 +63,15 @@ pub(crate) async fn read(
 /// (through `tracing` and the event hook) about each node that may evict lock keys.
 pub(crate) async fn check(shared: &Shared) -> Vec<NodeCheck> {
     let timeout = shared.config.node_timeout;
-    let calls = shared.nodes.iter().enumerate().map(|(index, node)| {
-        let (policy, run_id) = (node.eviction_policy(), node.run_id());
-        async move {
+    let calls = shared
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(index, node)| async move {
+            let (policy, run_id) = (
+                crate::node::eviction_policy(&**node),
+                crate::node::run_id(&**node),
+            );
             let (policy, run_id) = futures::future::join(
                 tokio::time::timeout(timeout, policy),
                 tokio::time::timeout(timeout, run_id),
@@ -77,8 +84,7 @@ pub(crate) async fn check(shared: &Shared) -> Vec<NodeCheck> {
                 run_id: run_id.ok().and_then(Result::ok).flatten(),
                 same_server_as: None,
             }
-        }
-    });
+        });
     let mut checks = futures::future::join_all(calls).await;
     for i in 0..checks.len() {
         let same = checks[..i]

@@ -7,11 +7,10 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::Slot;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::{RedisError, Value};
 
-use super::{GuardedWrite, KeyRow, Node, NodeCall, Request, cached, script_call};
+use super::{Advice, Advisory, Node, NodeCall, Request, advice, cached, script_call};
 use crate::error::NodeFailure;
 
 /// One Redis Cluster, reached through its seed nodes, voting once. The connection is made on
@@ -108,33 +107,33 @@ impl Node for ClusterNode {
         NodeCall::Boxed(script_call::call(&self.shared, req))
     }
 
-    fn inspect(
-        &self,
-        keys: Arc<[String]>,
-        delete: bool,
-    ) -> BoxFuture<'static, Result<Vec<KeyRow>, NodeFailure>> {
-        script_call::inspect_on(&self.shared, keys, delete)
-    }
-
-    fn write_if_held(&self, write: &GuardedWrite) -> BoxFuture<'static, Result<bool, NodeFailure>> {
-        script_call::write_if_held_on(&self.shared, write)
-    }
-
-    /// Every master's: `CONFIG GET` alone goes to one member, chosen at random.
-    fn eviction_policy(&self) -> BoxFuture<'static, Result<String, NodeFailure>> {
-        let shared = Arc::clone(&self.shared);
-        Box::pin(async move { script_call::on(&*shared, masters_eviction_policy).await })
+    fn advise(&self, advisory: Advisory) -> BoxFuture<'static, Result<Advice, NodeFailure>> {
+        match advisory {
+            Advisory::Inspect { keys, delete } => advice(
+                script_call::inspect_on(&self.shared, keys, delete),
+                Advice::Keys,
+            ),
+            Advisory::WriteIfHeld(write) => advice(
+                script_call::write_if_held_on(&self.shared, &write),
+                Advice::Written,
+            ),
+            // Every master's: `CONFIG GET` alone goes to one member, chosen at random.
+            Advisory::EvictionPolicy => {
+                let shared = Arc::clone(&self.shared);
+                advice(
+                    Box::pin(
+                        async move { script_call::on(&*shared, masters_eviction_policy).await },
+                    ),
+                    Advice::EvictionPolicy,
+                )
+            }
+            // Many servers: no one run_id.
+            Advisory::RunId => Box::pin(async { Ok(Advice::RunId(None)) }),
+        }
     }
 
     fn addr(&self) -> &str {
         &self.addr
-    }
-
-    fn split_keys(&self, keys: &[String]) -> Option<(usize, usize)> {
-        let first = Slot::for_key(keys.first()?);
-        keys.iter()
-            .position(|key| Slot::for_key(key) != first)
-            .map(|other| (0, other))
     }
 }
 
@@ -175,27 +174,4 @@ async fn masters_eviction_policy(conn: &mut ClusterConnection) -> Result<String,
 
 fn unexpected(what: &'static str) -> RedisError {
     RedisError::from((redis::ErrorKind::UnexpectedReturnType, what))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn node() -> ClusterNode {
-        let seeds = vec![
-            redis::IntoConnectionInfo::into_connection_info("redis://127.0.0.1:1")
-                .expect("valid url"),
-        ];
-        ClusterNode::new(seeds, "cluster".into(), Duration::from_millis(50)).expect("client")
-    }
-
-    #[test]
-    fn keys_in_one_slot_pass_and_others_are_named() {
-        let keys = |ks: &[&str]| ks.iter().map(|k| k.to_string()).collect::<Vec<_>>();
-        let n = node();
-        assert_eq!(n.split_keys(&keys(&["{order:42}:a", "{order:42}:b"])), None);
-        assert_eq!(n.split_keys(&keys(&["a"])), None);
-        // "a" and "b" hash to slots 15495 and 3300.
-        assert_eq!(n.split_keys(&keys(&["a", "a", "b"])), Some((0, 2)));
-    }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 
-use super::{GuardedWrite, KeyRow, Node, NodeCall, Op, Request};
+use super::{Advice, Advisory, GuardedWrite, KeyRow, Node, NodeCall, Op, Request, advice};
 use crate::error::NodeFailure;
 
 /// How a fake node answers one kind of request.
@@ -185,53 +185,7 @@ impl Inner {
     }
 }
 
-impl Node for FakeNode {
-    fn pipelined(&self) -> bool {
-        self.inner
-            .pipelined
-            .load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    fn call(&self, req: &Request) -> NodeCall {
-        let behaviour = self
-            .inner
-            .behaviour
-            .lock()
-            .ok()
-            .and_then(|b| b.get(&req.op).copied())
-            .unwrap_or(Fake::Real);
-        let (inner, req) = (Arc::clone(&self.inner), req.clone());
-        NodeCall::boxed(async move {
-            // Recorded when the call really starts (after any gate), not when it is made.
-            let slot = inner.seen.lock().ok().map(|mut s| {
-                s.push(Seen {
-                    op: req.op,
-                    started: Instant::now(),
-                    ended: None,
-                });
-                s.len() - 1
-            });
-            let result = match behaviour {
-                Fake::Real => Ok(inner.run(&req)),
-                Fake::Grant => Ok(1),
-                Fake::Deny => Ok(0),
-                Fake::Fail => Err(NodeFailure::Reply(redis::RedisError::from((
-                    redis::ErrorKind::Client,
-                    "injected",
-                )))),
-                Fake::Slow(d) => {
-                    tokio::time::sleep(d).await;
-                    Ok(inner.run(&req).max(1))
-                }
-                Fake::Never => std::future::pending().await,
-            };
-            if let (Some(slot), Ok(mut s)) = (slot, inner.seen.lock()) {
-                s[slot].ended = Some(Instant::now());
-            }
-            result
-        })
-    }
-
+impl FakeNode {
     fn inspect(
         &self,
         keys: Arc<[String]>,
@@ -303,6 +257,63 @@ impl Node for FakeNode {
             .map(|p| p.clone())
             .unwrap_or_default();
         Box::pin(async move { Ok(policy) })
+    }
+}
+
+impl Node for FakeNode {
+    fn pipelined(&self) -> bool {
+        self.inner
+            .pipelined
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn call(&self, req: &Request) -> NodeCall {
+        let behaviour = self
+            .inner
+            .behaviour
+            .lock()
+            .ok()
+            .and_then(|b| b.get(&req.op).copied())
+            .unwrap_or(Fake::Real);
+        let (inner, req) = (Arc::clone(&self.inner), req.clone());
+        NodeCall::boxed(async move {
+            // Recorded when the call really starts (after any gate), not when it is made.
+            let slot = inner.seen.lock().ok().map(|mut s| {
+                s.push(Seen {
+                    op: req.op,
+                    started: Instant::now(),
+                    ended: None,
+                });
+                s.len() - 1
+            });
+            let result = match behaviour {
+                Fake::Real => Ok(inner.run(&req)),
+                Fake::Grant => Ok(1),
+                Fake::Deny => Ok(0),
+                Fake::Fail => Err(NodeFailure::Reply(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "injected",
+                )))),
+                Fake::Slow(d) => {
+                    tokio::time::sleep(d).await;
+                    Ok(inner.run(&req).max(1))
+                }
+                Fake::Never => std::future::pending().await,
+            };
+            if let (Some(slot), Ok(mut s)) = (slot, inner.seen.lock()) {
+                s[slot].ended = Some(Instant::now());
+            }
+            result
+        })
+    }
+
+    fn advise(&self, advisory: Advisory) -> BoxFuture<'static, Result<Advice, NodeFailure>> {
+        match advisory {
+            Advisory::Inspect { keys, delete } => advice(self.inspect(keys, delete), Advice::Keys),
+            Advisory::WriteIfHeld(write) => advice(self.write_if_held(&write), Advice::Written),
+            Advisory::EvictionPolicy => advice(self.eviction_policy(), Advice::EvictionPolicy),
+            Advisory::RunId => Box::pin(async { Ok(Advice::RunId(None)) }),
+        }
     }
 
     fn addr(&self) -> &str {

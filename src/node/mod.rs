@@ -146,54 +146,164 @@ pub(crate) trait Node: Send + Sync {
         Box::pin(std::future::ready(()))
     }
 
-    /// Reads each key's type, value (if a string) and PTTL in one atomic script; with
-    /// `delete`, then deletes every key that exists, whoever holds it (the operator's forced
-    /// release). Outside the lock protocol. The caller bounds it with the node timeout.
-    fn inspect(
-        &self,
-        keys: Arc<[String]>,
-        delete: bool,
-    ) -> BoxFuture<'static, Result<Vec<KeyRow>, NodeFailure>>;
-
-    /// Sets `write.key` to `write.value` with `write.ttl_ms` (or deletes it, when `value` is
-    /// `None`) only while `write.lock_key` holds `write.token`, atomically; `true` when the
-    /// lock held and the write was made. For a leader's record beside its election lock. The
-    /// caller bounds it with the node timeout.
-    fn write_if_held(&self, write: &GuardedWrite) -> BoxFuture<'static, Result<bool, NodeFailure>>;
-
-    /// The server's `maxmemory-policy` (`CONFIG GET`). The caller bounds it with the node
-    /// timeout.
-    fn eviction_policy(&self) -> BoxFuture<'static, Result<String, NodeFailure>>;
-
-    /// The server's `run_id` (`INFO server`), which tells one server from another whatever
-    /// address it is reached at; `None` for a voter that is many servers (a cluster) or a
-    /// fake. The caller bounds it with the node timeout.
-    fn run_id(&self) -> BoxFuture<'static, Result<Option<String>, NodeFailure>> {
-        Box::pin(async { Ok(None) })
-    }
-
-    /// A client for a dedicated pub/sub connection to this node, on which waiters hear of
-    /// releases (`redfence:released:<key>`). `None` (the default) for voters that cannot
-    /// subscribe: waiters for them poll.
-    fn pubsub_client(&self) -> Option<::redis::Client> {
-        None
-    }
-
-    /// Whether this node runs the fair queue (fair mode): the batch script of a single
-    /// server does; cluster and Sentinel voters do not.
-    fn queues(&self) -> bool {
-        false
-    }
+    /// Makes a call outside the lock protocol (see [`Advisory`]) and answers with the
+    /// [`Advice`] of the same kind. The caller bounds it with the node timeout; the typed
+    /// wrappers [`inspect`], [`write_if_held`], [`eviction_policy`] and [`run_id`] say what
+    /// each call does.
+    fn advise(&self, advisory: Advisory) -> BoxFuture<'static, Result<Advice, NodeFailure>>;
 
     /// The node's address (host, port and database, never credentials), for error messages.
     fn addr(&self) -> &str;
+}
 
-    /// Two keys of `keys` (their positions) that this node cannot run in one script: a
-    /// voter that is a whole Redis Cluster needs every key of a lock in one hash slot.
-    /// Checked before any traffic. Defaults to none (a single server takes any keys).
-    fn split_keys(&self, _keys: &[String]) -> Option<(usize, usize)> {
-        None
+/// What kind of voter a node is, known when it is built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum VoterKind {
+    /// One Redis server: it runs the batch script, fair queue included.
+    Server,
+    /// A whole Redis Cluster: every key of a lock must be in one hash slot; no fair queue.
+    #[cfg(feature = "cluster")]
+    Cluster,
+    /// A Sentinel-managed master: no fair queue.
+    #[cfg(feature = "sentinel")]
+    Sentinel,
+}
+
+impl VoterKind {
+    /// Whether this kind of voter runs the fair queue (fair mode).
+    pub(crate) fn queues(self) -> bool {
+        self == VoterKind::Server
     }
+
+    /// Two keys of `keys` (their positions) that this kind of voter cannot run in one
+    /// script: a whole Redis Cluster needs every key of a lock in one hash slot. Checked before
+    /// any traffic.
+    pub(crate) fn split_keys(self, keys: &[String]) -> Option<(usize, usize)> {
+        match self {
+            #[cfg(feature = "cluster")]
+            VoterKind::Cluster => {
+                use ::redis::cluster_routing::Slot;
+                let first = Slot::for_key(keys.first()?);
+                keys.iter()
+                    .position(|key| Slot::for_key(key) != first)
+                    .map(|other| (0, other))
+            }
+            _ => {
+                let _ = keys;
+                None
+            }
+        }
+    }
+}
+
+/// One voter as the builder makes it: the node, and what is known of it before any traffic.
+pub(crate) struct Voter {
+    pub(crate) node: Arc<dyn Node>,
+    pub(crate) kind: VoterKind,
+    /// The server addresses it answers at (for duplicate detection).
+    pub(crate) identities: std::collections::BTreeSet<String>,
+    /// A client for a dedicated pub/sub connection to it, on which waiters hear of releases
+    /// (`redfence:released:<key>`); `None` for voters that cannot subscribe (waiters poll).
+    pub(crate) pubsub: Option<::redis::Client>,
+}
+
+/// A call outside the lock protocol: operators' reads and forced releases, a leader's
+/// record, the production checks.
+#[derive(Clone, Debug)]
+pub(crate) enum Advisory {
+    /// See [`inspect`].
+    Inspect { keys: Arc<[String]>, delete: bool },
+    /// See [`write_if_held`].
+    WriteIfHeld(GuardedWrite),
+    /// See [`eviction_policy`].
+    EvictionPolicy,
+    /// See [`run_id`].
+    RunId,
+}
+
+/// The answer to an [`Advisory`], of the same kind.
+#[derive(Debug)]
+pub(crate) enum Advice {
+    Keys(Vec<KeyRow>),
+    Written(bool),
+    EvictionPolicy(String),
+    RunId(Option<String>),
+}
+
+/// `call`, an advisory call's own future, as [`Node::advise`] answers it.
+#[cfg(any(test, feature = "cluster", feature = "sentinel"))]
+pub(crate) fn advice<T: 'static>(
+    call: BoxFuture<'static, Result<T, NodeFailure>>,
+    kind: fn(T) -> Advice,
+) -> BoxFuture<'static, Result<Advice, NodeFailure>> {
+    Box::pin(async move { call.await.map(kind) })
+}
+
+/// `node`'s answer to `advisory`, taken apart by `expect` (the variant asked for).
+async fn advised<T>(
+    node: &dyn Node,
+    advisory: Advisory,
+    expect: fn(Advice) -> Result<T, Advice>,
+) -> Result<T, NodeFailure> {
+    let call = node.advise(advisory);
+    expect(call.await?).map_err(|other| {
+        NodeFailure::Reply(::redis::RedisError::from((
+            ::redis::ErrorKind::Client,
+            "a node answered an advisory call with another kind of answer",
+            format!("{other:?}"),
+        )))
+    })
+}
+
+/// Reads each key's type, value (if a string) and PTTL in one atomic script; with `delete`,
+/// then deletes every key that exists, whoever holds it (the operator's forced release).
+pub(crate) async fn inspect(
+    node: &dyn Node,
+    keys: Arc<[String]>,
+    delete: bool,
+) -> Result<Vec<KeyRow>, NodeFailure> {
+    advised(
+        node,
+        Advisory::Inspect { keys, delete },
+        |advice| match advice {
+            Advice::Keys(rows) => Ok(rows),
+            other => Err(other),
+        },
+    )
+    .await
+}
+
+/// Sets `write.key` to `write.value` with `write.ttl_ms` (or deletes it, when `value` is
+/// `None`) only while `write.lock_key` holds `write.token`, atomically; `true` when the lock
+/// held and the write was made. For a leader's record beside its election lock.
+pub(crate) async fn write_if_held(
+    node: &dyn Node,
+    write: GuardedWrite,
+) -> Result<bool, NodeFailure> {
+    advised(node, Advisory::WriteIfHeld(write), |advice| match advice {
+        Advice::Written(made) => Ok(made),
+        other => Err(other),
+    })
+    .await
+}
+
+/// The server's `maxmemory-policy` (`CONFIG GET`); a Cluster voter's, every master's.
+pub(crate) async fn eviction_policy(node: &dyn Node) -> Result<String, NodeFailure> {
+    advised(node, Advisory::EvictionPolicy, |advice| match advice {
+        Advice::EvictionPolicy(policy) => Ok(policy),
+        other => Err(other),
+    })
+    .await
+}
+
+/// The server's `run_id` (`INFO server`), which tells one server from another whatever address
+/// it is reached at; `None` for a voter that is many servers (a cluster) or a fake.
+pub(crate) async fn run_id(node: &dyn Node) -> Result<Option<String>, NodeFailure> {
+    advised(node, Advisory::RunId, |advice| match advice {
+        Advice::RunId(id) => Ok(id),
+        other => Err(other),
+    })
+    .await
 }
 
 /// One key as a node holds it: its `TYPE` (`none` when absent), its value when it is a
@@ -202,3 +312,22 @@ pub(crate) type KeyRow = (String, Option<Vec<u8>>, i64);
 
 /// The nodes of a lock manager, in the order the builder was given them.
 pub(crate) type Nodes = [Arc<dyn Node>];
+
+#[cfg(all(test, feature = "cluster"))]
+mod tests {
+    use super::VoterKind;
+
+    #[test]
+    fn a_cluster_voter_needs_a_locks_keys_in_one_slot() {
+        let keys = |ks: &[&str]| ks.iter().map(|k| k.to_string()).collect::<Vec<_>>();
+        let cluster = VoterKind::Cluster;
+        assert_eq!(
+            cluster.split_keys(&keys(&["{order:42}:a", "{order:42}:b"])),
+            None
+        );
+        assert_eq!(cluster.split_keys(&keys(&["a"])), None);
+        // "a" and "b" hash to slots 15495 and 3300.
+        assert_eq!(cluster.split_keys(&keys(&["a", "a", "b"])), Some((0, 2)));
+        assert_eq!(VoterKind::Server.split_keys(&keys(&["a", "b"])), None);
+    }
+}

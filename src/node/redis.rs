@@ -9,7 +9,7 @@ use tokio_util::task::TaskTracker;
 
 use super::connection::LazyConnection;
 use super::pipeline::Pipeline;
-use super::{GuardedWrite, KeyRow, Node, NodeCall, Request, script_call};
+use super::{Advice, Advisory, Node, NodeCall, Request, script_call};
 use crate::error::NodeFailure;
 
 /// A Redis master. Every lock's lock calls go through the node's one queue, which sends them
@@ -41,6 +41,11 @@ impl RedisNode {
             pipeline: Arc::default(),
             restarted: Arc::default(),
         }
+    }
+
+    /// A client for a dedicated pub/sub connection to this server.
+    pub(crate) fn pubsub_client(&self) -> Client {
+        self.shared.client().clone()
     }
 
     /// Runs `submit` on the node's request queue: the first one, started on first use (inside
@@ -131,49 +136,23 @@ impl Node for RedisNode {
         })
     }
 
-    fn inspect(
-        &self,
-        keys: Arc<[String]>,
-        delete: bool,
-    ) -> BoxFuture<'static, Result<Vec<KeyRow>, NodeFailure>> {
+    fn advise(&self, advisory: Advisory) -> BoxFuture<'static, Result<Advice, NodeFailure>> {
         let shared = Arc::clone(&self.shared);
         Box::pin(async move {
             let mut conn = shared.connection().await?;
-            Ok(script_call::inspect(&mut conn, &keys, delete).await?)
+            Ok(match advisory {
+                Advisory::Inspect { keys, delete } => {
+                    Advice::Keys(script_call::inspect(&mut conn, &keys, delete).await?)
+                }
+                Advisory::WriteIfHeld(write) => {
+                    Advice::Written(script_call::write_if_held(&mut conn, &write).await?)
+                }
+                Advisory::EvictionPolicy => {
+                    Advice::EvictionPolicy(script_call::eviction_policy(&mut conn).await?)
+                }
+                Advisory::RunId => Advice::RunId(script_call::run_id(&mut conn).await?),
+            })
         })
-    }
-
-    fn write_if_held(&self, write: &GuardedWrite) -> BoxFuture<'static, Result<bool, NodeFailure>> {
-        let shared = Arc::clone(&self.shared);
-        let write = write.clone();
-        Box::pin(async move {
-            let mut conn = shared.connection().await?;
-            Ok(script_call::write_if_held(&mut conn, &write).await?)
-        })
-    }
-
-    fn eviction_policy(&self) -> BoxFuture<'static, Result<String, NodeFailure>> {
-        let shared = Arc::clone(&self.shared);
-        Box::pin(async move {
-            let mut conn = shared.connection().await?;
-            Ok(script_call::eviction_policy(&mut conn).await?)
-        })
-    }
-
-    fn run_id(&self) -> BoxFuture<'static, Result<Option<String>, NodeFailure>> {
-        let shared = Arc::clone(&self.shared);
-        Box::pin(async move {
-            let mut conn = shared.connection().await?;
-            Ok(script_call::run_id(&mut conn).await?)
-        })
-    }
-
-    fn queues(&self) -> bool {
-        true
-    }
-
-    fn pubsub_client(&self) -> Option<Client> {
-        Some(self.shared.client().clone())
     }
 
     fn addr(&self) -> &str {

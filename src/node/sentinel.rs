@@ -14,7 +14,7 @@ use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{AsyncConnectionConfig, RedisError};
 use tokio::sync::Mutex;
 
-use super::{GuardedWrite, KeyRow, Node, NodeCall, Request, cached, script_call};
+use super::{Advice, Advisory, Node, NodeCall, Request, advice, cached, script_call};
 use crate::error::NodeFailure;
 
 /// The master named `master` in a Sentinel group, voting once.
@@ -171,24 +171,22 @@ impl Node for SentinelNode {
         NodeCall::Boxed(script_call::call(&self.shared, req))
     }
 
-    fn inspect(
-        &self,
-        keys: Arc<[String]>,
-        delete: bool,
-    ) -> BoxFuture<'static, Result<Vec<KeyRow>, NodeFailure>> {
-        script_call::inspect_on(&self.shared, keys, delete)
-    }
-
-    fn write_if_held(&self, write: &GuardedWrite) -> BoxFuture<'static, Result<bool, NodeFailure>> {
-        script_call::write_if_held_on(&self.shared, write)
-    }
-
-    fn eviction_policy(&self) -> BoxFuture<'static, Result<String, NodeFailure>> {
-        script_call::eviction_policy_on(&self.shared)
-    }
-
-    fn run_id(&self) -> BoxFuture<'static, Result<Option<String>, NodeFailure>> {
-        script_call::run_id_on(&self.shared)
+    fn advise(&self, advisory: Advisory) -> BoxFuture<'static, Result<Advice, NodeFailure>> {
+        match advisory {
+            Advisory::Inspect { keys, delete } => advice(
+                script_call::inspect_on(&self.shared, keys, delete),
+                Advice::Keys,
+            ),
+            Advisory::WriteIfHeld(write) => advice(
+                script_call::write_if_held_on(&self.shared, &write),
+                Advice::Written,
+            ),
+            Advisory::EvictionPolicy => advice(
+                script_call::eviction_policy_on(&self.shared),
+                Advice::EvictionPolicy,
+            ),
+            Advisory::RunId => advice(script_call::run_id_on(&self.shared), Advice::RunId),
+        }
     }
 
     fn addr(&self) -> &str {
