@@ -96,7 +96,9 @@
 //! Implement [`FencingCounter`] over a store whose increments are durable and
 //! linearizable once acknowledged. One global counter for all resources is valid too (it
 //! is monotonic for every resource); one per resource lets unrelated resources proceed
-//! without contending on one row or key.
+//! without contending on one row or key. To group-commit its requests as the built-in
+//! counters do, implement [`IssueBatch`] and send them through a [`Batcher`]. A fenced-write
+//! helper for your store can count its rejections with [`record_rejected_write`].
 
 mod batch;
 pub(crate) mod counter;
@@ -105,4 +107,28 @@ pub(crate) mod counter;
 pub mod postgres;
 pub(crate) mod redis;
 
+pub use batch::{Batcher, IssueBatch, MAX_BATCH};
 pub(crate) use counter::FencingCounter;
+
+use crate::metrics::{self, TypeLabel};
+
+/// Counts one write that a storage-side fence check refused as stale, in
+/// `redfence_fence_rejected_total{type}` (feature `metrics`; without it, this does nothing).
+///
+/// For fenced-write helpers of any store, so that their rejections are counted with the
+/// lock manager's own metrics: the `fence::postgres` helpers (feature `postgres`) call
+/// it. `resource_type` is the label: the stale resource's type under the lock manager's
+/// [`ResourceType`](crate::ResourceType) rule (`rule.of(resource)`), or a table name. Like
+/// every `type` label it is cut to [`ResourceType::MAX_LEN`](crate::ResourceType::MAX_LEN)
+/// bytes (empty is [`ResourceType::OTHER`](crate::ResourceType::OTHER)), and counts towards
+/// the process's [`ResourceType::MAX_TYPES`](crate::ResourceType::MAX_TYPES) labels.
+///
+/// ```
+/// use redfence::ResourceType;
+///
+/// // A write to invoice:4821 was refused: a newer owner has written.
+/// redfence::fence::record_rejected_write(ResourceType::default().of("invoice:4821"));
+/// ```
+pub fn record_rejected_write(resource_type: &str) {
+    metrics::fence_rejected(&TypeLabel::of_name(resource_type));
+}

@@ -7,7 +7,6 @@ use tokio_postgres::{GenericClient, Transaction};
 
 use super::{FenceCheck, FencedWriteError, StaleFence, create_if_absent, quote_table};
 use crate::ResourceType;
-use crate::metrics::TypeLabel;
 
 /// Default [`FenceGuards::table`]: `redfence_guards`.
 pub(crate) const DEFAULT_GUARD_TABLE: &str = "redfence_guards";
@@ -286,7 +285,7 @@ impl FenceGuards {
                 fence_param,
             )
         });
-        crate::metrics::fence_rejected(&TypeLabel::of_resource(&self.resource_type, &resource));
+        crate::fence::record_rejected_write(self.resource_type.of(&resource));
         Err(StaleFence {
             resource,
             offered: fence,

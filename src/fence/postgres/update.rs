@@ -6,7 +6,6 @@ use tokio_postgres::GenericClient;
 use tokio_postgres::types::ToSql;
 
 use super::{FenceCheck, FencedWriteError, StaleFence, quote_ident, quote_table};
-use crate::metrics::TypeLabel;
 
 /// Default [`FencedUpdate::fence_column`]: `last_fence`.
 pub(crate) const DEFAULT_FENCE_COLUMN: &str = "last_fence";
@@ -184,7 +183,7 @@ impl<'a> FencedUpdate<'a> {
         };
         match last {
             Some(last) if self.check.refuses(fence_param, last) => {
-                crate::metrics::fence_rejected(&TypeLabel::of_name(&self.table));
+                crate::fence::record_rejected_write(&self.table);
                 Err(StaleFence {
                     resource: format!("{}({} = {:?})", self.table, self.key_column, self.key),
                     offered: fence,
