@@ -1,7 +1,7 @@
 //! Group commit for fencing counters ([`Batcher`], [`IssueBatch`]): token requests that
 //! arrive while one batch is in flight wait in a queue and go out together, in arrival order,
 //! as the next batch. [`RedisCounter`](crate::RedisCounter) uses it, and so does
-//! `PostgresCounter` (feature `postgres`); a counter of your own may too.
+//! `redfence-postgres`'s `PostgresCounter`; a counter of your own may too.
 //!
 //! One background task per counter owns the sending: it takes the first request it finds,
 //! drains whatever else is queued (up to [`MAX_BATCH`]), issues the batch with one call to
