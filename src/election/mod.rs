@@ -59,7 +59,8 @@ impl fmt::Display for Leader {
 /// let redlock = Redlock::builder()
 ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
 ///     // The terms. Every candidate must share ONE counter: a MemoryCounter is per process,
-///     // so candidates in two processes would each get term 1. Use a PostgresCounter.
+///     // so candidates in two processes would each get term 1. Use a PostgresCounter
+///     // (redfence-postgres).
 ///     .fencing(MemoryCounter::new())
 ///     .build()?;
 /// let election = redlock

@@ -1,5 +1,7 @@
-//! Group commit for fencing counters: token requests that arrive while one batch is in
-//! flight wait in a queue and go out together, in arrival order, as the next batch.
+//! Group commit for fencing counters ([`Batcher`], [`IssueBatch`]): token requests that
+//! arrive while one batch is in flight wait in a queue and go out together, in arrival order,
+//! as the next batch. [`RedisCounter`](crate::RedisCounter) uses it, and so does
+//! `redfence-postgres`'s `PostgresCounter`; a counter of your own may too.
 //!
 //! One background task per counter owns the sending: it takes the first request it finds,
 //! drains whatever else is queued (up to [`MAX_BATCH`]), issues the batch with one call to
@@ -24,10 +26,34 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::BoxError;
 
 /// The most requests one batch carries; the rest wait for the next one.
-pub(crate) const MAX_BATCH: usize = 256;
+pub const MAX_BATCH: usize = 256;
 
-/// Issues the tokens of one batch, for a counter that group-commits.
-pub(crate) trait IssueBatch: Send + Sync + 'static {
+/// Issues the tokens of one batch, for a counter that group-commits through a [`Batcher`].
+///
+/// ```
+/// use futures::future::BoxFuture;
+/// use redfence::BoxError;
+/// use redfence::fence::IssueBatch;
+///
+/// /// One global sequence (illustration only: a real issuer commits the batch durably, in
+/// /// one transaction, before it returns the tokens).
+/// struct Sequence(std::sync::Mutex<u64>);
+///
+/// impl IssueBatch for Sequence {
+///     fn issue<'a>(
+///         &'a self,
+///         requests: &'a [&'a [String]],
+///     ) -> BoxFuture<'a, Result<Vec<u64>, BoxError>> {
+///         Box::pin(async move {
+///             let mut last = self.0.lock().map_err(|_| "poisoned")?;
+///             let first = *last + 1;
+///             *last += requests.len() as u64;
+///             Ok((first..=*last).collect())
+///         })
+///     }
+/// }
+/// ```
+pub trait IssueBatch: Send + Sync + 'static {
     /// One token per request, in the order given: `requests[i]` are the resource names of
     /// request `i` (at least one, no duplicates). Tokens of requests that share a resource
     /// increase in that order, and every token is greater than every token issued before for
@@ -38,8 +64,8 @@ pub(crate) trait IssueBatch: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Vec<u64>, BoxError>>;
 
     /// Called after a batch took longer than the timeout: forget a connection that may be
-    /// dead, so that the next batch makes a new one.
-    fn reset(&self);
+    /// dead, so that the next batch makes a new one. The default does nothing.
+    fn reset(&self) {}
 }
 
 /// An error shared by every request of a failed batch.
@@ -69,8 +95,52 @@ struct Request {
     reply: oneshot::Sender<Result<u64, SharedError>>,
 }
 
-/// The queue of a counter's token requests, and its background task.
-pub(crate) struct Batcher<I> {
+/// The queue of a counter's token requests, and its background task: the group commit of
+/// [`RedisCounter`](crate::RedisCounter), for a [`FencingCounter`](crate::FencingCounter) of
+/// your own over an [`IssueBatch`].
+///
+/// One background task per batcher sends one batch at a time through the issuer; requests
+/// that arrive meanwhile go together in the next one (up to [`MAX_BATCH`]), in arrival
+/// order. Nothing waits for a batch to fill. The task starts on the first request, in the
+/// caller's Tokio runtime, and ends when the batcher is dropped. A batch that fails, or takes
+/// longer than the batcher's timeout, fails every request in it (after a timeout
+/// [`IssueBatch::reset`] is called); a request whose caller gave up before its batch went out
+/// is skipped.
+///
+/// ```
+/// use std::time::Duration;
+/// use futures::future::BoxFuture;
+/// use redfence::fence::{Batcher, IssueBatch};
+/// use redfence::{BoxError, FencingCounter};
+///
+/// # struct Sequence(std::sync::Mutex<u64>);
+/// # impl IssueBatch for Sequence {
+/// #     fn issue<'a>(&'a self, requests: &'a [&'a [String]]) -> BoxFuture<'a, Result<Vec<u64>, BoxError>> {
+/// #         Box::pin(async move {
+/// #             let mut last = self.0.lock().map_err(|_| "poisoned")?;
+/// #             let first = *last + 1;
+/// #             *last += requests.len() as u64;
+/// #             Ok((first..=*last).collect())
+/// #         })
+/// #     }
+/// # }
+/// struct GroupCommitted(Batcher<Sequence>);
+///
+/// impl FencingCounter for GroupCommitted {
+///     fn next_fence<'a>(&'a self, resources: &'a [String]) -> BoxFuture<'a, Result<u64, BoxError>> {
+///         Box::pin(self.0.request(resources.to_vec()))
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), BoxError> {
+/// let issuer = Sequence(std::sync::Mutex::new(0));
+/// let counter = GroupCommitted(Batcher::new(issuer, "sequence counter", Duration::from_secs(1)));
+/// assert_eq!(counter.next_fence(&["a".to_owned()]).await?, 1);
+/// # Ok(())
+/// # }
+/// ```
+pub struct Batcher<I> {
     issuer: Arc<I>,
     /// Who issues the tokens, for messages (e.g. "PostgreSQL fencing counter").
     name: &'static str,
@@ -78,9 +148,19 @@ pub(crate) struct Batcher<I> {
     queue: Mutex<Option<mpsc::UnboundedSender<Request>>>,
 }
 
+impl<I> fmt::Debug for Batcher<I> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Batcher")
+            .field("name", &self.name)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<I: IssueBatch> Batcher<I> {
-    /// A batcher over `issuer`, each batch bounded by `timeout`. Starts no task yet.
-    pub(crate) fn new(issuer: I, name: &'static str, timeout: Duration) -> Self {
+    /// A batcher over `issuer`, each batch bounded by `timeout`; `name` says who issues the
+    /// tokens in error messages (e.g. `"PostgreSQL fencing counter"`). Starts no task yet.
+    pub fn new(issuer: I, name: &'static str, timeout: Duration) -> Self {
         Batcher {
             issuer: Arc::new(issuer),
             name,
@@ -89,13 +169,19 @@ impl<I: IssueBatch> Batcher<I> {
         }
     }
 
-    pub(crate) fn issuer(&self) -> &I {
+    /// The issuer, e.g. to read its configuration.
+    pub fn issuer(&self) -> &I {
         &self.issuer
     }
 
-    /// Queues a request for `names` and waits for its token. Unbounded in time: the caller
+    /// Queues a request for `names` (at least one, no duplicates: the issuer's contract) and
+    /// waits for its token. Unbounded in time beyond the batch's own timeout: the caller
     /// bounds it (and may drop it at any point; its token, if issued, is then skipped).
-    pub(crate) async fn request(&self, names: Vec<String>) -> Result<u64, BoxError> {
+    ///
+    /// # Errors
+    ///
+    /// The batch failed or timed out, or there is no Tokio runtime to run the batch task on.
+    pub async fn request(&self, names: Vec<String>) -> Result<u64, BoxError> {
         let (reply, answer) = oneshot::channel();
         self.enqueue(Request { names, reply })?;
         match answer.await {

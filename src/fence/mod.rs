@@ -17,8 +17,8 @@
 //! Tokens are unique per acquisition *of a resource* (two unrelated resources may both be at
 //! 5: compare a resource's tokens only with its own), so accepting the owner's own token again
 //! is as safe as accepting each token once, and lets the owner write many times with one lock. The
-//! PostgreSQL helpers offer the once-per-acquisition check as an option
-//! (`fence::postgres::FenceCheck::Strict`).
+//! PostgreSQL helpers of the `redfence-postgres` crate offer the once-per-acquisition check as
+//! an option (`redfence_postgres::FenceCheck::Strict`).
 //!
 //! Configure a counter with [`RedlockBuilder::fencing`](crate::RedlockBuilder::fencing);
 //! every lock then carries [`Lock::fence`](crate::Lock::fence).
@@ -40,12 +40,13 @@
 //! | --- | --- | --- |
 //! | [`MemoryCounter`](crate::MemoryCounter) | one process's lifetime | the process restarts, or a second process issues tokens: **not durable** — tests and single-process use only |
 //! | [`RedisCounter`](crate::RedisCounter) | one Redis primary's history of acknowledged writes | that primary loses a write: restart without `appendfsync always`, **failover** to an asynchronously replicated replica, restore from an older snapshot |
-//! | `PostgresCounter` (feature `postgres`) | every committed transaction: survives crashes through the WAL, and failover with synchronous replication | the database itself loses committed transactions (`fsync = off`, asynchronous standby promoted, restore from an old backup) |
+//! | `PostgresCounter` (crate `redfence-postgres`) | every committed transaction: survives crashes through the WAL, and failover with synchronous replication | the database itself loses committed transactions (`fsync = off`, asynchronous standby promoted, restore from an old backup) |
 //!
 //! `RedisCounter` and `PostgresCounter` **group-commit**: one call (a script call, a
 //! statement) is in flight at a time, and requests that arrive meanwhile go together in the
-//! next one, in arrival order; a request that finds nothing in flight goes out at once. The
-//! batches keep the guarantees above, and fail like this:
+//! next one, in arrival order; a request that finds nothing in flight goes out at once
+//! ([`Batcher`], which a counter of your own may use too). The batches keep the guarantees
+//! above, and fail like this:
 //!
 //! | event | effect |
 //! | --- | --- |
@@ -84,25 +85,48 @@
 //!   off.
 //!
 //! Whatever the counter, the guarantee ends at the storage: it must compare and record the
-//! token atomically with the write (see `fence::postgres` for PostgreSQL helpers; the same
-//! conditional write works in any store with compare-and-set). Targets that **cannot check
-//! a token** — sending an email, calling an external API without conditional writes, a
-//! device that executes commands directly — are not protected by fencing at all: give them
-//! an **idempotency key** (e.g. the job id), route them through an outbox committed with
-//! the fenced write, or serialize them through a single consumer.
+//! token atomically with the write (see the `redfence-postgres` crate for PostgreSQL
+//! helpers; the same conditional write works in any store with compare-and-set). Targets
+//! that **cannot check a token** — sending an email, calling an external API without
+//! conditional writes, a device that executes commands directly — are not protected by
+//! fencing at all: give them an **idempotency key** (e.g. the job id), route them through an
+//! outbox committed with the fenced write, or serialize them through a single consumer.
 //!
 //! # Writing your own counter
 //!
 //! Implement [`FencingCounter`] over a store whose increments are durable and
 //! linearizable once acknowledged. One global counter for all resources is valid too (it
 //! is monotonic for every resource); one per resource lets unrelated resources proceed
-//! without contending on one row or key.
+//! without contending on one row or key. To group-commit its requests as the built-in
+//! counters do, implement [`IssueBatch`] and send them through a [`Batcher`]. A fenced-write
+//! helper for your store can count its rejections with [`record_rejected_write`].
 
 mod batch;
 pub(crate) mod counter;
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub mod postgres;
 pub(crate) mod redis;
 
+pub use batch::{Batcher, IssueBatch, MAX_BATCH};
 pub(crate) use counter::FencingCounter;
+
+use crate::metrics::{self, TypeLabel};
+
+/// Counts one write that a storage-side fence check refused as stale, in
+/// `redfence_fence_rejected_total{type}` (feature `metrics`; without it, this does nothing).
+///
+/// For fenced-write helpers of any store, so that their rejections are counted with the
+/// lock manager's own metrics: `redfence-postgres`'s `FenceGuards` and `FencedUpdate` call
+/// it. `resource_type` is the label: the stale resource's type under the lock manager's
+/// [`ResourceType`](crate::ResourceType) rule (`rule.of(resource)`), or a table name. Like
+/// every `type` label it is cut to [`ResourceType::MAX_LEN`](crate::ResourceType::MAX_LEN)
+/// bytes (empty is [`ResourceType::OTHER`](crate::ResourceType::OTHER)), and counts towards
+/// the process's [`ResourceType::MAX_TYPES`](crate::ResourceType::MAX_TYPES) labels.
+///
+/// ```
+/// use redfence::ResourceType;
+///
+/// // A write to invoice:4821 was refused: a newer owner has written.
+/// redfence::fence::record_rejected_write(ResourceType::default().of("invoice:4821"));
+/// ```
+pub fn record_rejected_write(resource_type: &str) {
+    metrics::fence_rejected(&TypeLabel::of_name(resource_type));
+}

@@ -33,7 +33,7 @@ pub(crate) const DEFAULT_REDIS_FENCE_TIMEOUT: Duration = Duration::from_secs(1);
 /// resource that is `INCR`. A resource's tokens can skip numbers (after a multi-resource
 /// lock, every resource in it jumps to the largest value plus one); only their order matters.
 ///
-/// Requests are **batched** like `PostgresCounter` (feature `postgres`)'s: one script
+/// Requests are **batched** like `PostgresCounter`'s (crate `redfence-postgres`): one script
 /// call at a time, and requests that arrive while it is in flight go together in the next
 /// call (up to 256), handled in arrival order inside the one atomic script. A request that
 /// finds nothing in flight goes out at once. A call that fails or takes longer than
@@ -64,7 +64,8 @@ pub(crate) const DEFAULT_REDIS_FENCE_TIMEOUT: Duration = Duration::from_secs(1);
 /// narrows, but does not close, the failover window (a replica that acknowledged can still
 /// lose the election, and `WAIT` does not make Redis strongly consistent). When a
 /// regression is unacceptable, use a counter in a database with durable, consistent commits
-/// (e.g. `PostgresCounter`, feature `postgres`), ideally the same database the work writes to.
+/// (e.g. `PostgresCounter`, crate `redfence-postgres`), ideally the same database the work
+/// writes to.
 ///
 /// All keys must be on one server: on a Redis Cluster the keys of a batch live in different
 /// slots and the script fails with `CROSSSLOT` (the locks then fail closed).

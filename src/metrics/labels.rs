@@ -28,17 +28,8 @@ impl TypeLabel {
         }
     }
 
-    /// The type of one resource ([`ResourceType::of`]).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) fn of_resource(rule: &ResourceType, resource: &str) -> Self {
-        TypeLabel {
-            #[cfg(feature = "metrics")]
-            name: LABELS.intern(rule.of(resource)),
-        }
-    }
-
-    /// A type given as is (a table name), cut to [`ResourceType::MAX_LEN`].
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    /// A type given as is (a resource's type, a table name), cut to
+    /// [`ResourceType::MAX_LEN`]; empty is [`ResourceType::OTHER`].
     pub(crate) fn of_name(name: &str) -> Self {
         TypeLabel {
             #[cfg(feature = "metrics")]

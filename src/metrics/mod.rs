@@ -8,7 +8,7 @@
 //! | `redfence_acquire_retries` | histogram | `type` | retries per `acquire` or `using` call (attempts after the first) |
 //! | `redfence_acquire_backoff_seconds` | histogram | `type` | time per `acquire` or `using` call spent waiting between attempts (in the in-process line included) |
 //! | `redfence_lock_hold_seconds` | histogram | `type`, `end` | how long each lock was held, from acquisition until it ended: `released` (by its owner), `lost` (an extension found it gone, `using()` aborted, or its validity ran out first; then the hold ends at its expiry), `dropped` (its `Lock` dropped unreleased) |
-//! | `redfence_fence_rejected_total` | counter | `type` | writes the fenced-write helpers refused as stale (`fence::postgres`, feature `postgres`) |
+//! | `redfence_fence_rejected_total` | counter | `type` | writes the fenced-write helpers refused as stale (`redfence-postgres`, or any helper that calls [`fence::record_rejected_write`](crate::fence::record_rejected_write)) |
 //! | `redfence_extension_total` | counter | `result` | `using()` extension rounds: `extended`, `failed` |
 //! | `redfence_lock_lost_total` | counter | `reason` | `using()` signals aborted: `expired`, `not_held`, `unconfirmed`, `renewal_limit` |
 //! | `redfence_release_failed_total` | counter | — | background releases that could not reach a majority |
@@ -19,9 +19,8 @@
 //! the first `:`, `other` for a name without one), cut to 32 bytes, at most 100 distinct
 //! types per process ([`ResourceType`](crate::ResourceType) has the rules). A lock over
 //! several resources is of their common type, or `mixed`; a request rejected as invalid is
-//! of type `other`. A [`FenceGuards`](crate::fence::postgres::FenceGuards) rejection is of
-//! the stale resource's type, a [`FencedUpdate`](crate::fence::postgres::FencedUpdate) one of
-//! its table's name.
+//! of type `other`. A `redfence-postgres` `FenceGuards` rejection is of the stale resource's
+//! type, a `FencedUpdate` one of its table's name.
 
 mod hold;
 mod labels;
@@ -101,7 +100,6 @@ fn hold(ty: &TypeLabel, end: HoldEnd, held: Duration) {
 
 /// Records a write a fenced-write helper refused as stale.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) fn fence_rejected(ty: &TypeLabel) {
     #[cfg(feature = "metrics")]
     metrics::counter!("redfence_fence_rejected_total", "type" => ty.value()).increment(1);

@@ -182,12 +182,9 @@ fn a_hold_is_recorded_once_with_how_it_ended() {
 #[test]
 fn fence_rejections_are_counted_by_type() {
     let all = recorded(|| {
-        fence_rejected(&TypeLabel::of_resource(
-            &ResourceType::default(),
-            "invoice:4821",
-        ));
-        fence_rejected(&TypeLabel::of_name("invoices"));
-        fence_rejected(&TypeLabel::of_name(""));
+        crate::fence::record_rejected_write(ResourceType::default().of("invoice:4821"));
+        crate::fence::record_rejected_write("invoices");
+        crate::fence::record_rejected_write("");
     });
     let mut rejected = find(&all, "redfence_fence_rejected_total");
     rejected.sort_by(|a, b| a.0.cmp(&b.0));

@@ -366,7 +366,7 @@ impl Postgres {
     }
 
     /// A connected client, on the current Tokio runtime: its connection runs on a spawned
-    /// task. The same type as `redfence::tokio_postgres::Client`.
+    /// task. The same type as `redfence_postgres::tokio_postgres::Client`.
     pub async fn client(&self) -> tokio_postgres::Client {
         let (client, connection) = tokio_postgres::connect(&self.url(), tokio_postgres::NoTls)
             .await

@@ -1,14 +1,11 @@
 //! Leader election against real redis-server processes: one leader at a time with
 //! increasing terms, takeover after a leader dies, the signal firing before the lease ends
 //! (leader partitioned, or a majority of nodes down), `resign` handing over at once, and a
-//! deposed leader's late write rejected by PostgreSQL.
+//! deposed leader's late write rejected by PostgreSQL (in `redfence-postgres/tests/`).
 //!
-//! Candidates whose network the tests break reach the nodes through `support::proxy`. The
-//! PostgreSQL scenario (feature `postgres`) is in `postgres.rs`; shutting down a leader in
-//! `shutdown.rs`.
+//! Candidates whose network the tests break reach the nodes through `support::proxy`.
+//! Shutting down a leader is in `shutdown.rs`.
 
-#[cfg(feature = "postgres")]
-mod postgres;
 mod shutdown;
 #[path = "../support/mod.rs"]
 mod support;

@@ -1,15 +1,10 @@
-//! Fencing tokens end to end: counters (memory, Redis, PostgreSQL) behind real
-//! redis-server processes, and PostgreSQL rejecting a stale owner's write.
+//! Fencing tokens end to end: counters (memory, Redis) behind real redis-server processes.
 //!
-//! By concern: tokens through `acquire` with any counter (`acquire.rs`), `RedisCounter`
-//! (`redis_counter.rs`), and the PostgreSQL tests (`pg/`).
-//!
-//! The PostgreSQL tests need the `postgres` feature and the server binaries (see
-//! `testkit/src/postgres.rs`); each starts a cluster of its own.
+//! By concern: tokens through `acquire` with any counter (`acquire.rs`), and `RedisCounter`
+//! (`redis_counter.rs`). The PostgreSQL counter and the fenced-write helpers are tested in
+//! their own crate (`redfence-postgres/tests/`).
 
 mod acquire;
-#[cfg(feature = "postgres")]
-mod pg;
 mod redis_counter;
 #[path = "../support/mod.rs"]
 mod support;

@@ -1,0 +1,107 @@
+//! `redfence`: run a command under a Redlock (`run`), see who holds a lock (`status`), break
+//! one (`release --force`).
+//!
+//! ```sh
+//! cargo install --path redfence-cli        # from a checkout of the workspace
+//! export REDFENCE_NODES=redis://10.0.0.1:6379,redis://10.0.0.2:6379,redis://10.0.0.3:6379
+//! redfence run -r nightly-invoices --fencing postgres://app@10.0.0.9/app -- ./send-invoices
+//! redfence status --json nightly-invoices
+//! redfence release --force nightly-invoices
+//! ```
+//!
+//! The package `redfence-cli` of the redfence workspace: it uses `redfence` for the locks and
+//! `redfence-postgres` for `--fencing postgres://…`. Features `tls-rustls` and
+//! `tls-native-tls` enable redfence's TLS for `rediss://` nodes and counters.
+#![forbid(unsafe_code)]
+
+mod args;
+mod child;
+mod exit;
+mod logging;
+mod release;
+mod run;
+mod setup;
+mod signals;
+mod status;
+mod waiting;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use clap::error::ErrorKind;
+
+use crate::args::{Cli, Command};
+use crate::exit::Failure;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => return usage_error(&err),
+    };
+    logging::init(cli.common.verbose, cli.common.quiet);
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => return fail(Failure::new(exit::SOFTWARE, format!("no runtime: {err}"))),
+    };
+    match runtime.block_on(dispatch(&cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(failure) => fail(failure),
+    }
+}
+
+async fn dispatch(cli: &Cli) -> Result<u8, Failure> {
+    match &cli.command {
+        Command::Run(args) => run::run(&cli.common, args).await,
+        Command::Status(args) => {
+            let redlock = setup::build(setup::builder(&cli.common)?)?;
+            status::status(&redlock, args).await
+        }
+        Command::Release(args) => {
+            let redlock = setup::build(setup::builder(&cli.common)?)?;
+            release::release(&redlock, args).await
+        }
+    }
+}
+
+/// Prints the failure's one line (unless it was logged already) and returns its code.
+fn fail(failure: Failure) -> ExitCode {
+    if !failure.message.is_empty() {
+        eprintln!("redfence: {}", failure.message);
+    }
+    ExitCode::from(failure.code)
+}
+
+/// `--help` and `--version` print and exit 0; any other parse error is one line, exit 64.
+fn usage_error(err: &clap::Error) -> ExitCode {
+    if matches!(
+        err.kind(),
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+    ) {
+        let _ = err.print();
+        return ExitCode::SUCCESS;
+    }
+    if err.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        let _ = err.print();
+        return ExitCode::from(exit::USAGE);
+    }
+    let rendered = err.render().to_string();
+    // The first paragraph (e.g. "the following required arguments were not provided:" and
+    // the list), on one line.
+    let line = rendered
+        .lines()
+        .map(str::trim)
+        .skip_while(|line| line.is_empty())
+        .take_while(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let line = line.trim_start_matches("error: ");
+    let line = if line.is_empty() {
+        "invalid command line"
+    } else {
+        line
+    };
+    fail(Failure::usage(format!("{line} (see --help)")))
+}
