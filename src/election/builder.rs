@@ -1,4 +1,5 @@
-//! [`ElectionBuilder`]: an election's options, their defaults, and client-go's timing rule.
+//! [`ElectionBuilder`] (made by [`Redlock::election`], declared here): an election's options,
+//! their defaults, and client-go's timing rule.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -73,6 +74,28 @@ impl Timing {
             }
             _ => Err(bad.into()),
         }
+    }
+}
+
+impl Redlock {
+    /// A candidate in the leader election `name`, with `identity` (`None`: the host name
+    /// plus a random UUID, see [`default_identity`](crate::default_identity)).
+    /// Set its lease, renew deadline and retry period on the returned builder, `build()` it,
+    /// then [`run`](crate::Election::run) it; the election's lock is the resource
+    /// `election:{NAME}` and its term the lock's fencing token, so the `Redlock` needs a
+    /// fencing counter. See [`Election`](crate::Election) for how it works.
+    ///
+    /// ```no_run
+    /// # async fn run(redlock: redfence::Redlock) -> Result<(), redfence::Error> {
+    /// let election = redlock.election("scheduler", Some("worker-1")).build()?;
+    /// if let Some(leader) = election.leader().await? {
+    ///     println!("{} leads in term {}", leader.identity, leader.term);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn election(&self, name: &str, identity: Option<&str>) -> ElectionBuilder {
+        ElectionBuilder::new(self.clone(), Arc::clone(self.shared()), name, identity)
     }
 }
 
