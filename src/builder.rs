@@ -1,4 +1,5 @@
-//! `RedlockBuilder` and the validated `Config` it produces.
+//! `RedlockBuilder` (made by `Redlock::builder`, declared here) and the validated `Config` it
+//! produces.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +40,13 @@ use crate::retry::Backoff;
 pub struct RedlockBuilder {
     nodes: Vec<NodeAddr>,
     config: Config,
+}
+
+impl Redlock {
+    /// A builder with every option at its default.
+    pub fn builder() -> RedlockBuilder {
+        RedlockBuilder::new()
+    }
 }
 
 impl RedlockBuilder {

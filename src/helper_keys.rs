@@ -1,5 +1,6 @@
-//! The keys redfence keeps beside a lock key `K`, by their endings: one list for the Rust code
-//! and a test that `scripts/batch.lua` and `scripts/force_release.lua` spell them the same.
+//! The keys redfence keeps beside a lock key `K`, by their endings, and the channel its
+//! release is announced on: one list for the Rust code and a test that `scripts/batch.lua` and
+//! `scripts/force_release.lua` spell them the same.
 
 /// `K:redfence:waiting`, the waiting mark: a refused acquire or a fair waiter sets it, and the
 /// release that deletes it publishes on `redfence:released:K` (see `scripts/batch.lua`).
@@ -8,6 +9,10 @@ pub(crate) const WAITING: &str = ":redfence:waiting";
 pub(crate) const QUEUE: &str = ":redfence:queue";
 /// `K:redfence:alive`, the fair queue's leases (waiters by the time their lease ends).
 pub(crate) const ALIVE: &str = ":redfence:alive";
+
+/// The channel prefix of release messages (`redfence:released:K`, the key follows it): the
+/// release that deletes a waiting mark publishes on it, and the hand-off's subscribers listen.
+pub(crate) const CHANNEL_PREFIX: &str = "redfence:released:";
 
 /// Every reserved ending: a lock key may not end so, as it could be another lock's helper key.
 pub(crate) const RESERVED: [&str; 3] = [WAITING, QUEUE, ALIVE];
@@ -34,7 +39,7 @@ mod tests {
             "force_release.lua declares {declared}"
         );
         // Both announce a release on the channel the waiters subscribe to.
-        let channel = format!("\"{}\" ..", crate::hand_off::CHANNEL_PREFIX);
+        let channel = format!("\"{}\" ..", CHANNEL_PREFIX);
         for (name, source) in [("batch.lua", script), ("force_release.lua", forced)] {
             assert!(
                 source.contains(&channel),

@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use tokio_util::task::TaskTracker;
 
+use crate::alarms::Alarms;
 use crate::config::Config;
 use crate::error::{Error, InvalidInput};
 use crate::events::Event;
 use crate::hand_off::{HandOff, Hold};
 use crate::node::{Node, Op, QueueTicket, Request, Voter, VoterKind};
 use crate::quorum::{self, Round, Settled, Until};
-use crate::using::Alarms;
 
 /// The longest TTL redfence sends to Redis: about 146 million years, far inside what Redis
 /// accepts for `PX` and what an [`Instant`](std::time::Instant) can represent.

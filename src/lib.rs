@@ -66,6 +66,7 @@
 
 mod acquisition;
 mod address;
+mod alarms;
 mod builder;
 mod clock;
 mod config;

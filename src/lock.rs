@@ -84,7 +84,7 @@ impl Lock {
     }
 
     /// The shared timer of the `Redlock` this lock came from (for `using()`'s extension task).
-    pub(crate) fn alarms(&self) -> &crate::using::Alarms {
+    pub(crate) fn alarms(&self) -> &crate::alarms::Alarms {
         &self.held.shared.alarms
     }
 

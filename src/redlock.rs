@@ -1,4 +1,6 @@
-//! `Redlock`: the lock manager over N independent Redis masters, and its public entry points.
+//! `Redlock`: the lock manager over N independent Redis masters, and its public entry points
+//! (but `Redlock::builder`, declared in builder.rs, and `Redlock::election`, declared in
+//! election/builder.rs, beside the builders they return).
 
 use std::fmt;
 use std::future::Future;
@@ -52,15 +54,16 @@ pub struct Redlock {
 }
 
 impl Redlock {
-    /// A builder with every option at its default.
-    pub fn builder() -> crate::RedlockBuilder {
-        crate::RedlockBuilder::new()
-    }
-
     pub(crate) fn from_shared(shared: Shared) -> Self {
         Redlock {
             shared: Arc::new(shared),
         }
+    }
+
+    /// What every clone shares (for the modules that declare `Redlock` methods of their own:
+    /// [`Redlock::election`] in `election/builder.rs`).
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
     /// How many nodes there are.
@@ -403,26 +406,6 @@ impl Redlock {
     /// ```
     pub async fn check(&self) -> Vec<NodeCheck> {
         inspect::check(&self.shared).await
-    }
-
-    /// A candidate in the leader election `name`, with `identity` (`None`: the host name
-    /// plus a random UUID, see [`default_identity`](crate::default_identity)).
-    /// Set its lease, renew deadline and retry period on the returned builder, `build()` it,
-    /// then [`run`](crate::Election::run) it; the election's lock is the resource
-    /// `election:{NAME}` and its term the lock's fencing token, so the `Redlock` needs a
-    /// fencing counter. See [`Election`](crate::Election) for how it works.
-    ///
-    /// ```no_run
-    /// # async fn run(redlock: redfence::Redlock) -> Result<(), redfence::Error> {
-    /// let election = redlock.election("scheduler", Some("worker-1")).build()?;
-    /// if let Some(leader) = election.leader().await? {
-    ///     println!("{} leads in term {}", leader.identity, leader.term);
-    /// }
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn election(&self, name: &str, identity: Option<&str>) -> crate::ElectionBuilder {
-        crate::ElectionBuilder::new(self.clone(), Arc::clone(&self.shared), name, identity)
     }
 
     /// Shuts the lock manager down gracefully: refuses new acquisitions from now on (they fail

@@ -1,10 +1,13 @@
-//! [`ElectionBuilder`]: an election's options, their defaults, and client-go's timing rule.
+//! [`ElectionBuilder`] (made by [`Redlock::election`], declared here): an election's options,
+//! their defaults, and client-go's timing rule.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::{Election, Inner, Leader, identity};
+use super::identity;
+use super::leadership::Leadership;
+use super::record::Leader;
 use crate::Redlock;
 use crate::error::{ConfigError, Error};
 use crate::inner::{Shared, validate_ttl};
@@ -73,6 +76,109 @@ impl Timing {
             }
             _ => Err(bad.into()),
         }
+    }
+}
+
+/// One candidate in a leader election, built by
+/// [`Redlock::election`](crate::Redlock::election). Cheap to clone (an `Arc` inside): keep a
+/// clone to [`resign`](Election::resign) from outside [`run`](Election::run), or to watch the
+/// leader.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use redfence::{Error, MemoryCounter, Redlock};
+///
+/// # async fn schedule_jobs(_term: u64) -> Result<(), Error> { Ok(()) }
+/// # async fn run() -> Result<(), Error> {
+/// let redlock = Redlock::builder()
+///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+///     // The terms. Every candidate must share ONE counter: a MemoryCounter is per process,
+///     // so candidates in two processes would each get term 1. Use a PostgresCounter
+///     // (redfence-postgres).
+///     .fencing(MemoryCounter::new())
+///     .build()?;
+/// let election = redlock
+///     .election("scheduler", None) // identity: host name + random UUID
+///     .lease(Duration::from_secs(15))
+///     .renew_deadline(Duration::from_secs(10))
+///     .retry_period(Duration::from_secs(2))
+///     .build()?;
+/// election
+///     .run(|leadership| async move {
+///         loop {
+///             tokio::select! {
+///                 lost = leadership.lost() => return Err(lost), // stop writing now
+///                 done = schedule_jobs(leadership.term()) => done?,
+///             }
+///         }
+///     })
+///     .await
+/// # }
+/// ```
+///
+/// # How it works
+///
+/// A candidate campaigns by trying to take a lock on the resource `election:{NAME}` (the
+/// Redis key is the builder's key prefix, then that name; the braces make it a Redis
+/// Cluster hash tag). The candidate that gets it leads, with the lock's **fencing token as
+/// its term**: terms strictly increase from one leader to the next, so the storage the
+/// leader writes to can reject a deposed leader's late writes (see [`crate::fence`]).
+///
+/// While it leads, a renewal loop extends the lock to `lease` every `retry_period`. When
+/// renewal has failed for `renew_deadline` (measured from the start of the last successful
+/// round), the [`Leadership`] signal fires — `lease − renew_deadline` before the lease can run
+/// out, never after — and the leader steps down. The timing rule is client-go's:
+/// `lease > renew_deadline > 1.2 × retry_period`.
+///
+/// Beside the lock, the leader keeps a record at `election:{NAME}:leader` (plus the key
+/// prefix): `"{term} {token} {identity}"`, written on every node whose lock key still holds
+/// its token, with the lease as TTL, re-armed after every renewal and deleted when it steps
+/// down. [`Election::leader`] counts a node's record only if its token matches the lock key
+/// on that node, so a stale record never names a leader. The lock's own value stays the
+/// random token: plain locks keep the node-redlock wire format.
+#[derive(Clone)]
+pub struct Election {
+    pub(super) inner: Arc<Inner>,
+}
+
+/// What every clone of an [`Election`] shares.
+pub(super) struct Inner {
+    pub(super) redlock: Redlock,
+    pub(super) shared: Arc<Shared>,
+    pub(super) name: String,
+    /// The lock's resource name, `election:{NAME}`.
+    pub(super) resource: String,
+    /// The lock's Redis key (with the key prefix).
+    pub(super) lock_key: Arc<str>,
+    /// The leader record's Redis key (with the key prefix).
+    pub(super) record_key: Arc<str>,
+    pub(super) identity: String,
+    pub(super) timing: Timing,
+    pub(super) rejoin: bool,
+    pub(super) hooks: Hooks,
+    /// The term this candidate leads now, for [`Election::resign`].
+    pub(super) current: Mutex<Option<Leadership>>,
+}
+
+impl Redlock {
+    /// A candidate in the leader election `name`, with `identity` (`None`: the host name
+    /// plus a random UUID, see [`default_identity`](crate::default_identity)).
+    /// Set its lease, renew deadline and retry period on the returned builder, `build()` it,
+    /// then [`run`](crate::Election::run) it; the election's lock is the resource
+    /// `election:{NAME}` and its term the lock's fencing token, so the `Redlock` needs a
+    /// fencing counter. See [`Election`](crate::Election) for how it works.
+    ///
+    /// ```no_run
+    /// # async fn run(redlock: redfence::Redlock) -> Result<(), redfence::Error> {
+    /// let election = redlock.election("scheduler", Some("worker-1")).build()?;
+    /// if let Some(leader) = election.leader().await? {
+    ///     println!("{} leads in term {}", leader.identity, leader.term);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn election(&self, name: &str, identity: Option<&str>) -> ElectionBuilder {
+        ElectionBuilder::new(self.clone(), Arc::clone(self.shared()), name, identity)
     }
 }
 

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use super::builder::Hook;
-use super::leadership::TermState;
+use super::builder::{Hook, Inner};
+use super::leadership::{Leadership, TermState};
+use super::record::{self, Leader};
 use super::renewal::Renewal;
-use super::{Inner, Leader, Leadership, record};
 use crate::clock;
 use crate::error::{ConfigError, Error};
 use crate::guard::Finishing;

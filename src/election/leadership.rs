@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::Leader;
+use super::record::Leader;
 use crate::clock;
 use crate::error::{Error, LossReason};
 

@@ -13,118 +13,17 @@ mod tests;
 
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
 
-pub use builder::ElectionBuilder;
+pub use builder::{Election, ElectionBuilder};
 pub use identity::default_identity;
 pub use leadership::Leadership;
+pub use record::Leader;
 
-use crate::Redlock;
 use crate::error::Error;
-use crate::inner::Shared;
-use builder::{Hooks, Timing};
-
-/// A leader, as the nodes record it: who leads, and in which term.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub struct Leader {
-    /// The candidate's identity, as given to [`Redlock::election`](crate::Redlock::election)
-    /// (by default [`default_identity`]).
-    pub identity: String,
-    /// The term: the fencing token the leader's lock was issued. Strictly greater than every
-    /// earlier leader's term.
-    pub term: u64,
-}
-
-impl fmt::Display for Leader {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (term {})", self.identity, self.term)
-    }
-}
-
-/// One candidate in a leader election, built by
-/// [`Redlock::election`](crate::Redlock::election). Cheap to clone (an `Arc` inside): keep a
-/// clone to [`resign`](Election::resign) from outside [`run`](Election::run), or to watch the
-/// leader.
-///
-/// ```no_run
-/// use std::time::Duration;
-/// use redfence::{Error, MemoryCounter, Redlock};
-///
-/// # async fn schedule_jobs(_term: u64) -> Result<(), Error> { Ok(()) }
-/// # async fn run() -> Result<(), Error> {
-/// let redlock = Redlock::builder()
-///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
-///     // The terms. Every candidate must share ONE counter: a MemoryCounter is per process,
-///     // so candidates in two processes would each get term 1. Use a PostgresCounter
-///     // (redfence-postgres).
-///     .fencing(MemoryCounter::new())
-///     .build()?;
-/// let election = redlock
-///     .election("scheduler", None) // identity: host name + random UUID
-///     .lease(Duration::from_secs(15))
-///     .renew_deadline(Duration::from_secs(10))
-///     .retry_period(Duration::from_secs(2))
-///     .build()?;
-/// election
-///     .run(|leadership| async move {
-///         loop {
-///             tokio::select! {
-///                 lost = leadership.lost() => return Err(lost), // stop writing now
-///                 done = schedule_jobs(leadership.term()) => done?,
-///             }
-///         }
-///     })
-///     .await
-/// # }
-/// ```
-///
-/// # How it works
-///
-/// A candidate campaigns by trying to take a lock on the resource `election:{NAME}` (the
-/// Redis key is the builder's key prefix, then that name; the braces make it a Redis
-/// Cluster hash tag). The candidate that gets it leads, with the lock's **fencing token as
-/// its term**: terms strictly increase from one leader to the next, so the storage the
-/// leader writes to can reject a deposed leader's late writes (see [`crate::fence`]).
-///
-/// While it leads, a renewal loop extends the lock to `lease` every `retry_period`. When
-/// renewal has failed for `renew_deadline` (measured from the start of the last successful
-/// round), the [`Leadership`] signal fires — `lease − renew_deadline` before the lease can run
-/// out, never after — and the leader steps down. The timing rule is client-go's:
-/// `lease > renew_deadline > 1.2 × retry_period`.
-///
-/// Beside the lock, the leader keeps a record at `election:{NAME}:leader` (plus the key
-/// prefix): `"{term} {token} {identity}"`, written on every node whose lock key still holds
-/// its token, with the lease as TTL, re-armed after every renewal and deleted when it steps
-/// down. [`Election::leader`] counts a node's record only if its token matches the lock key
-/// on that node, so a stale record never names a leader. The lock's own value stays the
-/// random token: plain locks keep the node-redlock wire format.
-#[derive(Clone)]
-pub struct Election {
-    inner: Arc<Inner>,
-}
-
-/// What every clone of an [`Election`] shares.
-struct Inner {
-    redlock: Redlock,
-    shared: Arc<Shared>,
-    name: String,
-    /// The lock's resource name, `election:{NAME}`.
-    resource: String,
-    /// The lock's Redis key (with the key prefix).
-    lock_key: Arc<str>,
-    /// The leader record's Redis key (with the key prefix).
-    record_key: Arc<str>,
-    identity: String,
-    timing: Timing,
-    rejoin: bool,
-    hooks: Hooks,
-    /// The term this candidate leads now, for [`Election::resign`].
-    current: Mutex<Option<Leadership>>,
-}
 
 impl Election {
     /// The election's name, as given.
@@ -249,7 +148,7 @@ impl Election {
     /// succeeded for a whole `lease` after a leader was named, `None` is yielded: that leader
     /// may be gone, and is no longer named. Never ends; drop it to stop polling.
     pub fn observe(&self) -> impl Stream<Item = Option<Leader>> + Send + 'static {
-        observe::changes(self.clone())
+        observe::changes(Arc::clone(&self.inner))
     }
 }
 

@@ -1,15 +1,33 @@
-//! The leader's record beside its lock: `"{term} {token} {identity}"` at
+//! A [`Leader`], as the nodes record it beside the lock: `"{term} {token} {identity}"` at
 //! `election:{NAME}:leader`, written and deleted only while the lock holds the leader's
 //! token, and read from every node by [`Election::leader`](super::Election::leader).
 
 use std::collections::HashMap;
+use std::fmt;
 use std::sync::Arc;
 
-use super::Leader;
 use crate::error::{Error, NodeError, NodeFailure};
 use crate::inner::{Shared, millis};
 use crate::node::{GuardedWrite, KeyRow};
 use crate::quorum;
+
+/// A leader, as the nodes record it: who leads, and in which term.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Leader {
+    /// The candidate's identity, as given to [`Redlock::election`](crate::Redlock::election)
+    /// (by default [`default_identity`](crate::default_identity)).
+    pub identity: String,
+    /// The term: the fencing token the leader's lock was issued. Strictly greater than every
+    /// earlier leader's term.
+    pub term: u64,
+}
+
+impl fmt::Display for Leader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (term {})", self.identity, self.term)
+    }
+}
 
 /// The record's value.
 pub(super) fn encode(leader: &Leader, token: &str) -> String {

@@ -13,7 +13,7 @@ use super::*;
 use crate::error::{ConfigError, LossReason};
 use crate::node::Op;
 use crate::node::fake::{Fake, FakeNode};
-use crate::{MemoryCounter, RedlockBuilder};
+use crate::{MemoryCounter, Redlock, RedlockBuilder};
 
 const S: Duration = Duration::from_secs(1);
 const MS: Duration = Duration::from_millis(1);

@@ -1,9 +1,10 @@
-//! Why no fencing token could be issued.
+//! Why no fencing token could be issued, and the error a counter returns.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::BoxError;
+/// The boxed error a [`FencingCounter`](crate::FencingCounter) returns.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Why no fencing token could be issued.
 #[derive(Debug, Clone, thiserror::Error)]

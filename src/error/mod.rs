@@ -12,7 +12,7 @@ mod node;
 use std::fmt;
 use std::time::Duration;
 
-pub use fencing::FencingError;
+pub use fencing::{BoxError, FencingError};
 pub use input::{ConfigError, InvalidInput};
 pub use lost::{LossReason, RenewalLimit};
 pub use node::{NodeError, NodeFailure};
@@ -174,9 +174,6 @@ impl Error {
         }
     }
 }
-
-/// The boxed error a [`FencingCounter`](crate::FencingCounter) returns.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 struct NodeErrors<'a>(&'a [NodeError]);
 

@@ -25,10 +25,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, OwnedMutexGuard, mpsc};
 
-use self::subscriber::Command;
-
-/// The channel prefix of release messages; the key follows it.
-pub(crate) const CHANNEL_PREFIX: &str = "redfence:released:";
+use self::subscriber::{Command, Released};
 
 /// How long a key's state (and its subscription) outlives its last user, so that a busy
 /// resource does not subscribe and unsubscribe at every hand-off.
@@ -231,9 +228,7 @@ impl HandOff {
     }
 }
 
-impl State {
-    /// A release of `key` on node `index` whose message named `next` as the head of the
-    /// node's queue ("" for none).
+impl Released for State {
     fn released(&self, key: &str, node: usize, next: &str) {
         let Some(state) = lock(&self.keys).get(key).cloned() else {
             return;

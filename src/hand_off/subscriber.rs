@@ -12,7 +12,14 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio::sync::mpsc;
 
-use super::{CHANNEL_PREFIX, State};
+use crate::helper_keys::CHANNEL_PREFIX;
+
+/// Who hears of the releases: the `HandOff`'s shared state.
+pub(super) trait Released {
+    /// A release of `key` on node `node` whose message named `next` as the head of the
+    /// node's queue ("" for none).
+    fn released(&self, key: &str, node: usize, next: &str);
+}
 
 /// What a subscriber is asked to do.
 pub(super) enum Command {
@@ -25,7 +32,7 @@ pub(super) async fn run(
     client: redis::Client,
     node: usize,
     mut commands: mpsc::UnboundedReceiver<Command>,
-    state: Weak<State>,
+    state: Weak<impl Released>,
 ) {
     let mut keys: HashSet<String> = HashSet::new();
     let mut failures: u32 = 0;

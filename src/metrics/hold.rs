@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use super::TypeLabel;
+use super::labels::TypeLabel;
 
 /// How a lock's hold ended: the `end` label of `redfence_lock_hold_seconds`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,7 +58,14 @@ impl HoldTimer {
             } else {
                 (end, now)
             };
-            super::hold(&label, end, until.saturating_duration_since(since));
+            record(&label, end, until.saturating_duration_since(since));
         }
     }
+}
+
+/// Records how long a lock of type `ty` was held and how the hold ended.
+#[cfg(feature = "metrics")]
+fn record(ty: &TypeLabel, end: HoldEnd, held: std::time::Duration) {
+    metrics::histogram!("redfence_lock_hold_seconds", "type" => ty.value(), "end" => end.label())
+        .record(held.as_secs_f64());
 }

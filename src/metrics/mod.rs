@@ -91,13 +91,6 @@ pub(crate) fn acquisition_retries(ty: &TypeLabel, retries: u32, waited: Duration
     }
 }
 
-/// Records how long a lock of type `ty` was held and how the hold ended.
-#[cfg(feature = "metrics")]
-fn hold(ty: &TypeLabel, end: HoldEnd, held: Duration) {
-    metrics::histogram!("redfence_lock_hold_seconds", "type" => ty.value(), "end" => end.label())
-        .record(held.as_secs_f64());
-}
-
 /// Records a write a fenced-write helper refused as stale.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn fence_rejected(ty: &TypeLabel) {

@@ -25,7 +25,6 @@
 //! longer be guaranteed: the signal aborts, with `threshold` of validity still left for the
 //! routine to stop, and extension stops for good.
 
-mod alarms;
 mod policy;
 mod signal;
 mod task;
@@ -39,7 +38,6 @@ use tokio::sync::{oneshot, watch};
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-pub(crate) use alarms::Alarms;
 pub(crate) use policy::Policy;
 pub use signal::Signal;
 

@@ -1,6 +1,6 @@
-//! The extension task of `using()`: waits (on the `Redlock`'s shared [`Alarms`](super::Alarms))
-//! until the [`Policy`] says, extends, records the outcome, and releases the lock when the scope
-//! ends.
+//! The extension task of `using()`: waits (on the `Redlock`'s shared
+//! [`Alarms`](crate::alarms::Alarms)) until the [`Policy`] says, extends, records the outcome,
+//! and releases the lock when the scope ends.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
