@@ -411,7 +411,12 @@ impl Redlock {
     /// Shuts the lock manager down gracefully: refuses new acquisitions from now on (they fail
     /// with [`Error::Closed`], in every clone), then waits for the background work already
     /// started — releases of dropped locks and of abandoned attempts, and calls still running
-    /// on slow nodes — each of which is bounded by the node timeout.
+    /// on slow nodes — each of which is bounded by the node timeout; and for the releases a node
+    /// has not confirmed. A release whose call timed out or lost its connection is sent to that
+    /// node again (after a reconnect if need be) until a call carrying it is answered or its
+    /// lock's TTL has passed, so on a node that stays unreachable `close` may wait up to the
+    /// longest TTL of the locks released there (bound it with `tokio::time::timeout` if
+    /// shutdown must be quicker).
     ///
     /// Call it before the process exits, after dropping or releasing its locks: without it,
     /// `main` can return before a dropped lock's release has run, and the other replicas

@@ -121,9 +121,9 @@ pub async fn worker(args: &[String]) {
 
 /// Commands clients sent to every node so far (from `INFO commandstats`): everything but
 /// `info` itself and the commands the lock scripts run inside a call (`get`, `pexpire`,
-/// `del`, `publish`, and the fair queue's sorted-set commands). `set` counts: a plain acquire
-/// is a native `SET`, and so is the waiting mark of one refused; the few a script runs inside
-/// (a fair grant and its mark) count too, so fair mode is slightly over-counted.
+/// `del`, `publish`, and the fair queue's sorted-set commands). `set` counts too: every lock
+/// operation is a script call, so the `SET`s counted are the ones its scripts run inside (a
+/// grant, a waiting mark), which over-counts every mode alike.
 fn commands(urls: &[String]) -> u64 {
     urls.iter()
         .map(|url| {
