@@ -16,13 +16,15 @@
 //!
 //! `TORTURE_SECS` sets the duration of each run (default 45 s).
 
+mod history;
+#[path = "../support/mod.rs"]
 mod support;
 
-use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use history::{FaultLog, FencedStore, Lease, Write, check};
 use rand::Rng;
 use redfence::{Error, FencingCounter, MemoryCounter, Redlock};
 use support::cluster::{Cluster, ComposeCluster, LocalCluster};
@@ -46,82 +48,6 @@ fn run_time() -> Duration {
         .and_then(|s| s.parse().ok())
         .unwrap_or(45);
     Duration::from_secs(secs)
-}
-
-/// One write offered to the fenced store, in the order the store saw them.
-#[derive(Clone, Debug)]
-struct Write {
-    fence: u64,
-    /// Which acquisition wrote it (numbered by the test, apart from the fence).
-    acquisition: u64,
-    accepted: bool,
-    /// The writer was live: not frozen, and its signal said the lock was held right before.
-    live: bool,
-    /// When the writer's lease began, and when it wrote.
-    lease_start: Instant,
-    at: Instant,
-}
-
-/// A lease as its holder saw it: from the start of its routine until the routine ended or
-/// the validity it last knew of ran out, whichever came first.
-#[derive(Clone, Debug)]
-struct Lease {
-    resource: usize,
-    fence: u64,
-    start: Instant,
-    end: Instant,
-}
-
-/// The protected storage: accepts a write unless its fence is smaller than the last one it
-/// accepted for that resource (what `last_fence <= $fence` does in SQL): an owner may write
-/// again with its own token, a replaced owner's token is always smaller.
-#[derive(Default)]
-struct FencedStore {
-    inner: Mutex<StoreInner>,
-}
-
-#[derive(Default)]
-struct StoreInner {
-    last: HashMap<usize, u64>,
-    history: HashMap<usize, Vec<Write>>,
-}
-
-impl FencedStore {
-    fn write(&self, resource: usize, mut write: Write) -> bool {
-        let mut inner = self.inner.lock().expect("store");
-        let last = inner.last.get(&resource).copied().unwrap_or(0);
-        write.accepted = write.fence >= last;
-        write.at = Instant::now();
-        if write.accepted {
-            inner.last.insert(resource, write.fence);
-        }
-        let accepted = write.accepted;
-        inner.history.entry(resource).or_default().push(write);
-        accepted
-    }
-}
-
-/// When faults were active; an overlap of leases inside one is the known price of Redlock,
-/// outside one it is a bug.
-#[derive(Default)]
-struct FaultLog {
-    windows: Mutex<Vec<(Instant, Instant)>>,
-    counts: Mutex<BTreeMap<String, u32>>,
-}
-
-impl FaultLog {
-    fn record(&self, kind: String, start: Instant, end: Instant) {
-        self.windows.lock().expect("faults").push((start, end));
-        *self.counts.lock().expect("faults").entry(kind).or_default() += 1;
-    }
-
-    fn active_during(&self, from: Instant, to: Instant) -> bool {
-        self.windows
-            .lock()
-            .expect("faults")
-            .iter()
-            .any(|&(start, end)| start <= to && from <= end)
-    }
 }
 
 #[derive(Default)]
@@ -348,121 +274,6 @@ async fn fault_schedule(
         };
         tokio::time::sleep_until(next.into()).await;
     }
-}
-
-/// What fencing guarantees, and what Redlock guarantees outside faults: each must stay 0.
-#[derive(Debug, Default)]
-struct Violations {
-    /// An accepted write whose fence is smaller than one accepted before it.
-    stale_write_accepted: u64,
-    /// A later acquisition's accepted fence not above the earlier ones.
-    accepted_not_increasing: u64,
-    /// One fence handed to two acquisitions.
-    fence_reused: u64,
-    /// A write rejected although no larger fence had been accepted (the store's contract).
-    fresh_write_rejected: u64,
-    /// A live owner's write rejected with no fault active during its lease.
-    live_write_rejected: u64,
-    /// Two leases on a resource overlapping with no fault active.
-    overlapping_leases: u64,
-}
-
-impl Violations {
-    fn total(&self) -> u64 {
-        self.stale_write_accepted
-            + self.accepted_not_increasing
-            + self.fence_reused
-            + self.fresh_write_rejected
-            + self.live_write_rejected
-            + self.overlapping_leases
-    }
-}
-
-/// What the checker counted besides violations.
-#[derive(Debug, Default)]
-struct Tally {
-    accepted: u64,
-    rejected: u64,
-    /// Writes by owners that had been frozen past their lease, rejected.
-    stale_rejected: u64,
-    /// Acquisitions that had two or more writes accepted.
-    multi_write_acquisitions: u64,
-    /// What the faults cost, as Redlock documents it: live writes rejected, and leases that
-    /// overlapped, while a fault was active.
-    live_rejected_in_faults: u64,
-    overlaps_in_faults: u64,
-}
-
-fn check(shared: &Shared, faults: &FaultLog) -> (Violations, Tally) {
-    let mut v = Violations::default();
-    let mut t = Tally::default();
-    let inner = shared.store.inner.lock().expect("store");
-    for writes in inner.history.values() {
-        let mut last_accepted = 0u64;
-        let mut last_acquisition = None;
-        let mut acquisition_of: HashMap<u64, u64> = HashMap::new();
-        let mut accepted_per_acquisition: HashMap<u64, u32> = HashMap::new();
-        for w in writes {
-            // Tokens are unique per acquisition.
-            if *acquisition_of.entry(w.fence).or_insert(w.acquisition) != w.acquisition {
-                v.fence_reused += 1;
-            }
-            if w.accepted {
-                t.accepted += 1;
-                *accepted_per_acquisition.entry(w.acquisition).or_default() += 1;
-                if w.fence < last_accepted {
-                    v.stale_write_accepted += 1;
-                } else if w.fence == last_accepted && last_acquisition != Some(w.acquisition) {
-                    v.accepted_not_increasing += 1;
-                }
-                last_accepted = last_accepted.max(w.fence);
-                last_acquisition = Some(w.acquisition);
-                continue;
-            }
-            t.rejected += 1;
-            if w.fence >= last_accepted {
-                v.fresh_write_rejected += 1;
-            }
-            if !w.live {
-                t.stale_rejected += 1;
-            } else if faults.active_during(w.lease_start, w.at) {
-                t.live_rejected_in_faults += 1;
-            } else {
-                eprintln!(
-                    "live write rejected outside faults: {w:?}, last accepted {last_accepted}"
-                );
-                v.live_write_rejected += 1;
-            }
-        }
-        t.multi_write_acquisitions += accepted_per_acquisition
-            .values()
-            .filter(|&&n| n >= 2)
-            .count() as u64;
-    }
-    drop(inner);
-    // No two live leases on a resource overlapped while no fault was active.
-    let leases = shared.leases.lock().expect("leases");
-    for (i, a) in leases.iter().enumerate() {
-        for b in &leases[i + 1..] {
-            if a.resource != b.resource {
-                continue;
-            }
-            let (from, to) = (a.start.max(b.start), a.end.min(b.end));
-            if from >= to {
-                continue;
-            }
-            if faults.active_during(from, to) {
-                t.overlaps_in_faults += 1;
-            } else {
-                eprintln!(
-                    "overlap outside faults on resource {} (fences {} and {}): {a:?} and {b:?}",
-                    a.resource, a.fence, b.fence
-                );
-                v.overlapping_leases += 1;
-            }
-        }
-    }
-    (v, t)
 }
 
 async fn torture(cluster: &mut dyn Cluster, clocks: Option<&Clocks>, name: &str) {
