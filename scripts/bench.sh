@@ -11,10 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The bench command. New layout: the bench is the workspace member `redfence-bench` (it was
-# `cargo run --release --example bench --`). Its fencing scenario prints PostgresCounter rows
-# only when built with PostgreSQL support (e.g. a `postgres` feature of redfence-bench); add
-# that here if the bench has such a feature.
+# The bench command: the workspace member `redfence-bench` (its fencing scenario starts a
+# PostgreSQL of its own for the PostgresCounter rows).
 BENCH_CMD=${BENCH_CMD:-cargo run --release -p redfence-bench --}
 PEERS=${PEERS:-$(cd .. && pwd)/shared/peers}
 OUT=${BENCH_OUT:-BENCHMARKS.md}
@@ -124,6 +122,3 @@ redis_version=$("${REDIS_SERVER:-redis-server}" --version | sed -n 's/.* v=\([^ 
 } >"$section"
 replace_section "$section"
 echo "[bench] wrote the figures into $OUT" >&2
-if grep -q 'PostgresCounter: run with' "$bench_out"; then
-    echo "[bench] note: no PostgresCounter rows (the bench was built without PostgreSQL support)" >&2
-fi
