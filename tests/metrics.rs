@@ -6,80 +6,10 @@ mod support;
 
 use std::time::Duration;
 
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::debugging::DebuggingRecorder;
 use redfence::{Error, LossReason, Redlock, RedlockBuilder, ResourceType};
+use support::recorded::{counter, samples, snapshot, value};
 use support::{Servers, TestRedlock, eventually, warm_up};
-
-/// One metric as recorded: name, labels (sorted) and value.
-#[derive(Debug)]
-struct Recorded {
-    name: String,
-    labels: Vec<(String, String)>,
-    value: DebugValue,
-}
-
-/// What the recorder holds now (taking it: a second call sees only what followed).
-fn snapshot(snapshotter: &Snapshotter) -> Vec<Recorded> {
-    let all: Vec<Recorded> = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .map(|(key, _, _, value)| {
-            let mut labels: Vec<(String, String)> = key
-                .key()
-                .labels()
-                .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                .collect();
-            labels.sort();
-            Recorded {
-                name: key.key().name().to_owned(),
-                labels,
-                value,
-            }
-        })
-        .collect();
-    for metric in &all {
-        for (_, value) in &metric.labels {
-            assert!(
-                !value.contains(':') && !value.chars().any(|c| c.is_ascii_digit()),
-                "a resource name became a label: {metric:?}"
-            );
-        }
-    }
-    all
-}
-
-/// The value of `name` with exactly `labels`.
-fn value<'a>(all: &'a [Recorded], name: &str, labels: &[(&str, &str)]) -> Option<&'a DebugValue> {
-    let mut wanted: Vec<(String, String)> = labels
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-    wanted.sort();
-    all.iter()
-        .find(|m| m.name == name && m.labels == wanted)
-        .map(|m| &m.value)
-}
-
-/// The counter `name` with exactly `labels`; 0 when it was never incremented.
-fn counter(all: &[Recorded], name: &str, labels: &[(&str, &str)]) -> u64 {
-    match value(all, name, labels) {
-        None => 0,
-        Some(DebugValue::Counter(n)) => *n,
-        Some(other) => panic!("expected a counter, got {other:?}"),
-    }
-}
-
-fn samples(value: Option<&DebugValue>) -> Vec<f64> {
-    match value {
-        Some(DebugValue::Histogram(samples)) => {
-            let mut samples: Vec<f64> = samples.iter().map(|s| s.into_inner()).collect();
-            samples.sort_by(f64::total_cmp);
-            samples
-        }
-        other => panic!("expected a histogram, got {other:?}"),
-    }
-}
 
 const TTL: Duration = Duration::from_secs(10);
 

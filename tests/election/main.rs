@@ -15,66 +15,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redfence::{Election, Error, FencingCounter, LossReason, MemoryCounter};
-use support::proxy::{Mode, Proxy};
+use support::candidates::{LEASE, RENEW_DEADLINE, RETRY_PERIOD, candidate};
+use support::proxy::Mode;
 use support::{DEADLINE, Servers, eventually};
 use tokio::sync::mpsc;
 
-const LEASE: Duration = Duration::from_secs(3);
-const RENEW_DEADLINE: Duration = Duration::from_millis(1_500);
-const RETRY_PERIOD: Duration = Duration::from_millis(400);
 /// Slack for a loaded machine on every timing bound.
 const SLACK: Duration = Duration::from_millis(700);
 const LOCK_KEY: &str = "election:{jobs}";
-
-/// One candidate: its election and, when its network can be broken, its proxies.
-struct Candidate {
-    election: Election,
-    proxies: Vec<Proxy>,
-}
-
-impl Candidate {
-    fn set(&self, mode: Mode) {
-        assert!(!self.proxies.is_empty(), "this candidate has no proxies");
-        for proxy in &self.proxies {
-            proxy.set(mode);
-        }
-    }
-}
-
-/// Candidate `id` in the election "jobs", with the test timing and terms from `counter`;
-/// through proxies when `proxied`.
-async fn candidate(
-    servers: &Servers,
-    counter: &Arc<dyn FencingCounter>,
-    id: usize,
-    proxied: bool,
-    rejoin: bool,
-) -> Candidate {
-    let mut proxies = Vec::new();
-    let urls = if proxied {
-        for i in 0..servers.len() {
-            proxies.push(Proxy::start(servers.port(i)).await);
-        }
-        proxies.iter().map(Proxy::url).collect()
-    } else {
-        servers.urls()
-    };
-    let redlock = redfence::Redlock::builder()
-        .nodes(urls)
-        .node_timeout(Duration::from_millis(200))
-        .fencing(Arc::clone(counter))
-        .build()
-        .expect("config");
-    let election = redlock
-        .election("jobs", Some(&format!("candidate-{id}")))
-        .lease(LEASE)
-        .renew_deadline(RENEW_DEADLINE)
-        .retry_period(RETRY_PERIOD)
-        .rejoin(rejoin)
-        .build()
-        .expect("election config");
-    Candidate { election, proxies }
-}
 
 fn memory_counter() -> Arc<dyn FencingCounter> {
     Arc::new(MemoryCounter::new())

@@ -5,6 +5,9 @@
 
 pub use redfence_testkit::*;
 
+pub mod candidates;
+pub mod recorded;
+
 use std::time::{Duration, Instant};
 
 use redfence::{Redlock, RedlockBuilder};

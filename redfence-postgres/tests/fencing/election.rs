@@ -2,69 +2,18 @@
 //! election tests are the core crate's, in `tests/election/`.)
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use redfence::{Election, Error, FencingCounter};
+use redfence::{Error, FencingCounter};
 use redfence_postgres::tokio_postgres::Client;
 use redfence_postgres::{FenceGuards, FencedWriteError, PostgresCounter};
 use tokio::sync::oneshot;
 
+use crate::support::candidates::candidate;
 use crate::support::postgres::Postgres;
-use crate::support::proxy::{Mode, Proxy};
+use crate::support::proxy::Mode;
 use crate::support::{DEADLINE, Servers};
 
-const LEASE: Duration = Duration::from_secs(3);
-const RENEW_DEADLINE: Duration = Duration::from_millis(1_500);
-const RETRY_PERIOD: Duration = Duration::from_millis(400);
-
-/// One candidate: its election and, when its network can be broken, its proxies.
-struct Candidate {
-    election: Election,
-    proxies: Vec<Proxy>,
-}
-
-impl Candidate {
-    fn set(&self, mode: Mode) {
-        assert!(!self.proxies.is_empty(), "this candidate has no proxies");
-        for proxy in &self.proxies {
-            proxy.set(mode);
-        }
-    }
-}
-
-/// Candidate `id` in the election "jobs", with the test timing and terms from `counter`;
-/// through proxies when `proxied`.
-async fn candidate(
-    servers: &Servers,
-    counter: &Arc<dyn FencingCounter>,
-    id: usize,
-    proxied: bool,
-) -> Candidate {
-    let mut proxies = Vec::new();
-    let urls = if proxied {
-        for i in 0..servers.len() {
-            proxies.push(Proxy::start(servers.port(i)).await);
-        }
-        proxies.iter().map(Proxy::url).collect()
-    } else {
-        servers.urls()
-    };
-    let redlock = redfence::Redlock::builder()
-        .nodes(urls)
-        .node_timeout(Duration::from_millis(200))
-        .fencing(Arc::clone(counter))
-        .build()
-        .expect("config");
-    let election = redlock
-        .election("jobs", Some(&format!("candidate-{id}")))
-        .lease(LEASE)
-        .renew_deadline(RENEW_DEADLINE)
-        .retry_period(RETRY_PERIOD)
-        .rejoin(false)
-        .build()
-        .expect("election config");
-    Candidate { election, proxies }
-}
+use crate::support::candidates::LEASE;
 
 /// One fenced write: claim the guard row "jobs" with `term`, then append to the job log,
 /// in one transaction.
@@ -97,8 +46,8 @@ async fn a_deposed_leaders_late_write_is_rejected_by_the_guard_row() {
     // The terms come from PostgreSQL too: durable and shared by both candidates.
     let counter: Arc<dyn FencingCounter> =
         Arc::new(PostgresCounter::connect(&pg.url()).expect("counter config"));
-    let a = candidate(&servers, &counter, 0, true).await;
-    let b = candidate(&servers, &counter, 1, false).await;
+    let a = candidate(&servers, &counter, 0, true, false).await;
+    let b = candidate(&servers, &counter, 1, false, false).await;
 
     // A leads and writes, then "pauses" (a GC pause: it does not look at its signal)
     // until woken, and writes again with its term.
