@@ -205,9 +205,12 @@ impl Batch {
             if !retryable || !matches!(run.req.op, Op::Release | Op::Leave) {
                 continue;
             }
-            let until = run
-                .resend_until
-                .unwrap_or_else(|| resend_deadline(run.req.ttl_ms));
+            // A release until its lock's keys expire; a leave until its waiter's lease ends.
+            let ttl_ms = match (run.req.op, run.req.queue.as_deref()) {
+                (Op::Leave, Some(place)) => place.lease_ms,
+                _ => run.req.ttl_ms,
+            };
+            let until = run.resend_until.unwrap_or_else(|| resend_deadline(ttl_ms));
             if crate::clock::now() < until {
                 resend.push(Job::Run {
                     req: run.req,
@@ -226,8 +229,8 @@ impl Batch {
     }
 }
 
-/// Until when a release or leave given up now is sent again: its lock's TTL (`ttl_ms`) from
-/// now, when its keys expire anyway; at least a second.
+/// Until when a release or leave given up now is sent again: `ttl_ms` from now (its lock's TTL,
+/// or its waiter's lease: its keys or its place are gone by then anyway); at least a second.
 fn resend_deadline(ttl_ms: u64) -> Instant {
     let now = crate::clock::now();
     let ttl = Duration::from_millis(ttl_ms).max(Duration::from_secs(1));

@@ -446,6 +446,86 @@ mod tests {
         assert_eq!(tokens(&backlog), kept);
     }
 
+    fn resent(op: Op, token: &str, for_ms: u64) -> Job {
+        let (job, _) = job(op, token);
+        let Job::Run { req, .. } = job else {
+            unreachable!("job() makes a run")
+        };
+        Job::Run {
+            req,
+            reply: None,
+            resend_until: Some(clock::now() + Duration::from_millis(for_ms)),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flush_waits_for_what_is_resent_and_is_answered_once_it_is_gone() {
+        let mut resend = Resend::new(Duration::from_millis(50));
+        // Nothing to resend: a flush goes through as it is (its batch answers it).
+        let (done, mut flushed) = oneshot::channel();
+        let Job::Flush(through) = resend.hold_flush(Job::Flush(done)) else {
+            panic!("a flush stays a flush")
+        };
+        let _ = through.send(());
+        assert!(flushed.try_recv().is_ok(), "the flush itself went through");
+        // With a release to resend, a flush is held (a placeholder takes its place).
+        resend.jobs.push(resent(Op::Release, "r1", 1_000));
+        resend.failed();
+        let (done, mut flushed) = oneshot::channel();
+        let placeholder = resend.hold_flush(Job::Flush(done));
+        assert!(matches!(placeholder, Job::Flush(_)));
+        resend.settle();
+        assert!(
+            flushed.try_recv().is_err(),
+            "answered while a release waits"
+        );
+        assert!(resend.next.is_some(), "the release has a time to go again");
+        // Sent and answered (taken into a batch that succeeded): the flush is answered.
+        let taken = resend.jobs.pop();
+        assert!(taken.is_some());
+        resend.settle();
+        assert!(
+            flushed.try_recv().is_ok(),
+            "answered once nothing is to be resent"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn resends_expire_at_their_deadline_and_are_bounded() {
+        let mut resend = Resend::new(Duration::from_millis(50));
+        resend.jobs.push(resent(Op::Release, "short", 100));
+        resend.jobs.push(resent(Op::Leave, "long", 10_000));
+        let (done, mut flushed) = oneshot::channel();
+        let _ = resend.hold_flush(Job::Flush(done));
+        tokio::time::advance(Duration::from_millis(200)).await;
+        resend.settle();
+        let left: Vec<String> = resend
+            .jobs
+            .iter()
+            .map(|job| match job {
+                Job::Run { req, .. } => req.token.to_string(),
+                Job::Flush(_) => "flush".to_owned(),
+            })
+            .collect();
+        assert_eq!(left, ["long"]);
+        assert!(flushed.try_recv().is_err());
+        tokio::time::advance(Duration::from_secs(10)).await;
+        resend.settle();
+        assert!(resend.jobs.is_empty() && resend.next.is_none());
+        assert!(
+            flushed.try_recv().is_ok(),
+            "answered once every resend expired"
+        );
+        // At most QUEUE_CAPACITY are kept, the oldest.
+        for i in 0..QUEUE_CAPACITY + 10 {
+            resend
+                .jobs
+                .push(resent(Op::Release, &format!("r{i}"), 1_000));
+        }
+        resend.failed();
+        assert_eq!(resend.jobs.len(), QUEUE_CAPACITY);
+    }
+
     #[test]
     fn a_node_that_stays_hung_keeps_a_bounded_backlog() {
         let failure = NodeFailure::Timeout(Duration::from_millis(50));
