@@ -185,6 +185,9 @@ impl Pipeline {
     }
 }
 
+/// The longest pause before resending alone to a node whose calls keep failing.
+const MAX_RESEND_PAUSE: Duration = Duration::from_secs(1);
+
 /// Serves the queue until every sender is gone and nothing is left to resend.
 async fn serve(
     mut queue: mpsc::Receiver<Job>,
@@ -222,7 +225,7 @@ async fn serve(
         // sent again.
         while !batch.full() {
             let next = match backlog.pop_front() {
-                Some(job) => job,
+                Some(job) => resend.hold_flush(job),
                 None => match queue.try_recv() {
                     Ok(job) => resend.hold_flush(job),
                     Err(_) => match resend.jobs.pop() {
@@ -244,16 +247,20 @@ async fn serve(
         if let Some(progress) = &progress {
             progress.mark();
         }
-        if let Err(failure) = ran {
-            batch.fail(&failure, &mut resend.jobs);
-            resend.failed();
-            if matches!(failure, NodeFailure::Timeout(_)) {
-                // Every request queued behind a hung call has waited long enough: answer it
-                // now.
-                while let Ok(job) = queue.try_recv() {
-                    backlog.push_back(resend.hold_flush(job));
+        match ran {
+            Ok(()) => resend.answered(),
+            Err(failure) => {
+                batch.fail(&failure, &mut resend.jobs);
+                resend.failed();
+                if matches!(failure, NodeFailure::Timeout(_)) {
+                    // Every request queued behind a hung call has waited long enough: answer
+                    // it now. (A flush among them keeps its place: it is held, if need be,
+                    // when its turn comes, so that it never passes what was queued before it.)
+                    while let Ok(job) = queue.try_recv() {
+                        backlog.push_back(job);
+                    }
+                    answer_behind_hung_call(&mut backlog, &failure);
                 }
-                answer_behind_hung_call(&mut backlog, &failure);
             }
         }
         resend.settle();
@@ -266,8 +273,11 @@ struct Resend {
     /// Flush markers that arrived while something was to be sent again: answered once
     /// nothing is.
     flushes: Vec<oneshot::Sender<()>>,
-    /// The pause before sending them again alone, after a failed call.
+    /// The first pause before sending them again alone, after a failed call; it doubles with
+    /// each failed call in a row, up to [`MAX_RESEND_PAUSE`].
     pause: Duration,
+    /// Failed calls in a row.
+    failures: u32,
     /// When they may be sent again alone (nothing else to send); set whenever `jobs` is not
     /// empty.
     next: Option<tokio::time::Instant>,
@@ -278,7 +288,8 @@ impl Resend {
         Resend {
             jobs: Vec::new(),
             flushes: Vec::new(),
-            pause: node_timeout.clamp(Duration::from_millis(5), Duration::from_millis(500)),
+            pause: node_timeout.clamp(Duration::from_millis(5), MAX_RESEND_PAUSE),
+            failures: 0,
             next: None,
         }
     }
@@ -330,9 +341,19 @@ impl Resend {
     /// they follow the acquires most likely to have landed).
     fn failed(&mut self) {
         self.jobs.truncate(QUEUE_CAPACITY);
+        let pause = self
+            .pause
+            .saturating_mul(1 << self.failures.min(8))
+            .min(MAX_RESEND_PAUSE);
+        self.failures = self.failures.saturating_add(1);
         if !self.jobs.is_empty() {
-            self.next = Some(tokio::time::Instant::now() + self.pause);
+            self.next = Some(tokio::time::Instant::now() + pause);
         }
+    }
+
+    /// A call was answered: the node is back, the pauses start short again.
+    fn answered(&mut self) {
+        self.failures = 0;
     }
 
     /// Drops what has run out of time, and answers the waiting flushes once nothing is left.
@@ -524,6 +545,23 @@ mod tests {
         }
         resend.failed();
         assert_eq!(resend.jobs.len(), QUEUE_CAPACITY);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_pause_before_a_resend_doubles_with_each_failure_and_resets_once_answered() {
+        let mut resend = Resend::new(Duration::from_millis(50));
+        resend.jobs.push(resent(Op::Release, "r1", 60_000));
+        let mut pauses = Vec::new();
+        for _ in 0..7 {
+            resend.failed();
+            let next = resend.next.expect("a time to resend");
+            pauses.push((next - tokio::time::Instant::now()).as_millis());
+        }
+        assert_eq!(pauses, [50, 100, 200, 400, 800, 1_000, 1_000]);
+        resend.answered();
+        resend.failed();
+        let next = resend.next.expect("a time to resend");
+        assert_eq!((next - tokio::time::Instant::now()).as_millis(), 50);
     }
 
     #[test]
