@@ -125,3 +125,48 @@ async fn releases_to_a_node_paused_for_twelve_seconds_land_before_close_returns(
         assert_eq!(lock_keys(&servers, i), Vec::<String>::new(), "node {i}");
     }
 }
+
+/// A release queued on a hung node behind a call in flight, with `close()`'s flush right behind
+/// it: the batch that carries both times out, the release is to be sent again, and `close()`
+/// waits for it (before, the failed batch answered the flush: `close()` returned while the node
+/// was still paused, and the key outlived the process).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_waits_for_a_release_that_shared_a_failed_batch_with_its_flush() {
+    let servers = Arc::new(Servers::start(3));
+    let redlock = servers.one_attempt(Duration::from_millis(300));
+    support::warm_up(&redlock).await;
+    let lock = redlock.acquire(&["victim"], TTL).await.expect("acquire");
+    assert!(support::eventually(|| servers.get(0, "victim").is_some()).await);
+    servers.pause(0);
+    // A call in flight on node 0 (granted by the two others).
+    let blocker = redlock
+        .try_acquire(&["blocker"], TTL)
+        .await
+        .expect("a majority grants");
+    // The release is queued on node 0 behind it; nodes 1 and 2 answer it.
+    lock.release().await.expect("a majority released");
+    let paused_for = Duration::from_secs(3);
+    let started = Instant::now();
+    let resumer = {
+        let servers = Arc::clone(&servers);
+        std::thread::spawn(move || {
+            std::thread::sleep(paused_for);
+            servers.resume(0);
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(30), redlock.close())
+        .await
+        .expect("close() returns once the node answers");
+    let closed_after = started.elapsed();
+    resumer.join().expect("resumer");
+    assert!(
+        closed_after >= paused_for,
+        "close() returned after {closed_after:?}, while node 0 was paused"
+    );
+    assert_eq!(
+        servers.get(0, "victim"),
+        None,
+        "the released key is gone from node 0"
+    );
+    blocker.release().await.ok();
+}

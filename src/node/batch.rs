@@ -192,8 +192,15 @@ impl Batch {
     /// releases and fair queue leaves to send again (see [`Job::Run`]): the call may not have
     /// reached the node (a lost connection), or may yet be lost with its connection (a time-out),
     /// and a lock key must not outlive its release. Only after a time-out or a connection
-    /// failure: a reply that refuses the call (no permission, no script) is final.
-    pub(super) fn fail(&mut self, failure: &NodeFailure, resend: &mut Vec<Job>) {
+    /// failure: a reply that refuses the call (no permission, no script) is final. The batch's
+    /// flush markers are not answered: they go to `flushes`, to be answered once nothing is left
+    /// to send again (a flush must not pass a release queued before it).
+    pub(super) fn fail(
+        &mut self,
+        failure: &NodeFailure,
+        resend: &mut Vec<Job>,
+        flushes: &mut Vec<oneshot::Sender<()>>,
+    ) {
         let retryable = matches!(
             failure,
             NodeFailure::Timeout(_) | NodeFailure::Connection(_)
@@ -219,7 +226,7 @@ impl Batch {
                 });
             }
         }
-        self.answer_flushes();
+        flushes.append(&mut self.flushes);
     }
 
     fn answer_flushes(&mut self) {

@@ -235,7 +235,19 @@ async fn serve(
                 },
             };
             if let Err(next) = batch.try_push(next) {
-                backlog.push_front(next);
+                // A resend stays counted as one (what holds the flushes); anything else
+                // keeps its place in line.
+                if matches!(
+                    next,
+                    Job::Run {
+                        resend_until: Some(_),
+                        ..
+                    }
+                ) {
+                    resend.jobs.push(next);
+                } else {
+                    backlog.push_front(next);
+                }
                 break;
             }
         }
@@ -250,7 +262,7 @@ async fn serve(
         match ran {
             Ok(()) => resend.answered(),
             Err(failure) => {
-                batch.fail(&failure, &mut resend.jobs);
+                batch.fail(&failure, &mut resend.jobs, &mut resend.flushes);
                 resend.failed();
                 if matches!(failure, NodeFailure::Timeout(_)) {
                     // Every request queued behind a hung call has waited long enough: answer
