@@ -11,6 +11,7 @@ mod connection;
 pub(crate) mod fake;
 mod pipeline;
 mod redis;
+mod resend;
 mod script_call;
 #[cfg(feature = "sentinel")]
 mod sentinel;

@@ -36,6 +36,7 @@ use tracing::Instrument;
 
 use super::batch::{Batch, Job};
 use super::connection::LazyConnection;
+use super::resend::Resend;
 use super::{Op, Request, stopped};
 use crate::clock;
 use crate::error::NodeFailure;
@@ -185,9 +186,6 @@ impl Pipeline {
     }
 }
 
-/// The longest pause before resending alone to a node whose calls keep failing.
-const MAX_RESEND_PAUSE: Duration = Duration::from_secs(1);
-
 /// Serves the queue until every sender is gone and nothing is left to resend.
 async fn serve(
     mut queue: mpsc::Receiver<Job>,
@@ -200,7 +198,7 @@ async fn serve(
     let mut backlog: VecDeque<Job> = VecDeque::new();
     // Releases and leaves given up, to send again (see `Batch::fail`), and the flush markers
     // that wait for them.
-    let mut resend = Resend::new(timeout);
+    let mut resend = Resend::new(timeout, QUEUE_CAPACITY);
     // One timer for every call: moving its deadline later is an atomic store, where a new
     // timer per call is an insert into the timer wheel (and a wake-up of the thread that
     // sleeps on it, when the runtime is idle).
@@ -276,114 +274,6 @@ async fn serve(
             }
         }
         resend.settle();
-    }
-}
-
-/// The releases and leaves a node's queue sends again, and the flushes waiting for them.
-struct Resend {
-    jobs: Vec<Job>,
-    /// Flush markers that arrived while something was to be sent again: answered once
-    /// nothing is.
-    flushes: Vec<oneshot::Sender<()>>,
-    /// The first pause before sending them again alone, after a failed call; it doubles with
-    /// each failed call in a row, up to [`MAX_RESEND_PAUSE`].
-    pause: Duration,
-    /// Failed calls in a row.
-    failures: u32,
-    /// When they may be sent again alone (nothing else to send); set whenever `jobs` is not
-    /// empty.
-    next: Option<tokio::time::Instant>,
-}
-
-impl Resend {
-    fn new(node_timeout: Duration) -> Self {
-        Resend {
-            jobs: Vec::new(),
-            flushes: Vec::new(),
-            pause: node_timeout.clamp(Duration::from_millis(5), MAX_RESEND_PAUSE),
-            failures: 0,
-            next: None,
-        }
-    }
-
-    /// The next job: one from the queue, or, once the pause after a failed call is over, one
-    /// to send again. `None` when the queue is closed and nothing is left to send.
-    async fn next_job(&mut self, queue: &mut mpsc::Receiver<Job>, open: &mut bool) -> Option<Job> {
-        loop {
-            let Some(at) = self.next.filter(|_| !self.jobs.is_empty()) else {
-                if !*open {
-                    return None;
-                }
-                return queue.recv().await;
-            };
-            if !*open {
-                tokio::time::sleep_until(at).await;
-                self.next = None;
-                return self.jobs.pop();
-            }
-            tokio::select! {
-                job = queue.recv() => match job {
-                    Some(job) => return Some(job),
-                    None => *open = false,
-                },
-                () = tokio::time::sleep_until(at) => {
-                    self.next = None;
-                    return self.jobs.pop();
-                }
-            }
-        }
-    }
-
-    /// `job`, or `job`'s place taken by nothing when it is a flush that must wait for what is
-    /// to be sent again (it is answered by [`settle`](Self::settle)).
-    fn hold_flush(&mut self, job: Job) -> Job {
-        match job {
-            Job::Flush(done) if !self.jobs.is_empty() => {
-                self.flushes.push(done);
-                // An empty flush keeps the batch's shape: answered with it.
-                let (placeholder, _) = oneshot::channel();
-                Job::Flush(placeholder)
-            }
-            job => job,
-        }
-    }
-
-    /// A call failed: what is to be sent again waits for the pause (unless other requests
-    /// go first, which it joins), and at most [`QUEUE_CAPACITY`] are kept (the oldest:
-    /// they follow the acquires most likely to have landed).
-    fn failed(&mut self) {
-        self.jobs.truncate(QUEUE_CAPACITY);
-        let pause = self
-            .pause
-            .saturating_mul(1 << self.failures.min(8))
-            .min(MAX_RESEND_PAUSE);
-        self.failures = self.failures.saturating_add(1);
-        if !self.jobs.is_empty() {
-            self.next = Some(tokio::time::Instant::now() + pause);
-        }
-    }
-
-    /// A call was answered: the node is back, the pauses start short again.
-    fn answered(&mut self) {
-        self.failures = 0;
-    }
-
-    /// Drops what has run out of time, and answers the waiting flushes once nothing is left.
-    fn settle(&mut self) {
-        let now = clock::now();
-        self.jobs.retain(|job| match job {
-            Job::Run { resend_until, .. } => resend_until.is_some_and(|until| now < until),
-            Job::Flush(_) => true,
-        });
-        if self.jobs.is_empty() {
-            self.next = None;
-            for done in self.flushes.drain(..) {
-                let _ = done.send(());
-            }
-        } else if self.next.is_none() {
-            // Left over from a full batch that was answered: next, with no pause.
-            self.next = Some(tokio::time::Instant::now());
-        }
     }
 }
 
@@ -477,103 +367,6 @@ mod tests {
         // A second timeout answers nobody twice and keeps the same jobs.
         answer_behind_hung_call(&mut backlog, &failure);
         assert_eq!(tokens(&backlog), kept);
-    }
-
-    fn resent(op: Op, token: &str, for_ms: u64) -> Job {
-        let (job, _) = job(op, token);
-        let Job::Run { req, .. } = job else {
-            unreachable!("job() makes a run")
-        };
-        Job::Run {
-            req,
-            reply: None,
-            resend_until: Some(clock::now() + Duration::from_millis(for_ms)),
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_flush_waits_for_what_is_resent_and_is_answered_once_it_is_gone() {
-        let mut resend = Resend::new(Duration::from_millis(50));
-        // Nothing to resend: a flush goes through as it is (its batch answers it).
-        let (done, mut flushed) = oneshot::channel();
-        let Job::Flush(through) = resend.hold_flush(Job::Flush(done)) else {
-            panic!("a flush stays a flush")
-        };
-        let _ = through.send(());
-        assert!(flushed.try_recv().is_ok(), "the flush itself went through");
-        // With a release to resend, a flush is held (a placeholder takes its place).
-        resend.jobs.push(resent(Op::Release, "r1", 1_000));
-        resend.failed();
-        let (done, mut flushed) = oneshot::channel();
-        let placeholder = resend.hold_flush(Job::Flush(done));
-        assert!(matches!(placeholder, Job::Flush(_)));
-        resend.settle();
-        assert!(
-            flushed.try_recv().is_err(),
-            "answered while a release waits"
-        );
-        assert!(resend.next.is_some(), "the release has a time to go again");
-        // Sent and answered (taken into a batch that succeeded): the flush is answered.
-        let taken = resend.jobs.pop();
-        assert!(taken.is_some());
-        resend.settle();
-        assert!(
-            flushed.try_recv().is_ok(),
-            "answered once nothing is to be resent"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn resends_expire_at_their_deadline_and_are_bounded() {
-        let mut resend = Resend::new(Duration::from_millis(50));
-        resend.jobs.push(resent(Op::Release, "short", 100));
-        resend.jobs.push(resent(Op::Leave, "long", 10_000));
-        let (done, mut flushed) = oneshot::channel();
-        let _ = resend.hold_flush(Job::Flush(done));
-        tokio::time::advance(Duration::from_millis(200)).await;
-        resend.settle();
-        let left: Vec<String> = resend
-            .jobs
-            .iter()
-            .map(|job| match job {
-                Job::Run { req, .. } => req.token.to_string(),
-                Job::Flush(_) => "flush".to_owned(),
-            })
-            .collect();
-        assert_eq!(left, ["long"]);
-        assert!(flushed.try_recv().is_err());
-        tokio::time::advance(Duration::from_secs(10)).await;
-        resend.settle();
-        assert!(resend.jobs.is_empty() && resend.next.is_none());
-        assert!(
-            flushed.try_recv().is_ok(),
-            "answered once every resend expired"
-        );
-        // At most QUEUE_CAPACITY are kept, the oldest.
-        for i in 0..QUEUE_CAPACITY + 10 {
-            resend
-                .jobs
-                .push(resent(Op::Release, &format!("r{i}"), 1_000));
-        }
-        resend.failed();
-        assert_eq!(resend.jobs.len(), QUEUE_CAPACITY);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_pause_before_a_resend_doubles_with_each_failure_and_resets_once_answered() {
-        let mut resend = Resend::new(Duration::from_millis(50));
-        resend.jobs.push(resent(Op::Release, "r1", 60_000));
-        let mut pauses = Vec::new();
-        for _ in 0..7 {
-            resend.failed();
-            let next = resend.next.expect("a time to resend");
-            pauses.push((next - tokio::time::Instant::now()).as_millis());
-        }
-        assert_eq!(pauses, [50, 100, 200, 400, 800, 1_000, 1_000]);
-        resend.answered();
-        resend.failed();
-        let next = resend.next.expect("a time to resend");
-        assert_eq!((next - tokio::time::Instant::now()).as_millis(), 50);
     }
 
     #[test]
