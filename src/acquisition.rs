@@ -13,7 +13,7 @@ use crate::hand_off::Watch;
 use crate::inner::{Held, Shared, Target};
 use crate::metrics::Tries;
 use crate::node::{Op, QueueTicket, Request};
-use crate::quorum::{self, Failed, Settled};
+use crate::quorum::{self, Failed};
 use crate::trace;
 
 /// A lock a majority granted, with its validity and fence: what `Lock` is made of.
@@ -264,13 +264,12 @@ impl Drop for Place {
             ttl_ms: 0,
             queue: Some(ticket),
         };
-        let timeout = self.shared.config.node_timeout;
         for node in &self.shared.nodes {
+            // Queued now, after this acquisition's last call; the node bounds it, and a leave
+            // that never lands ends with its lease.
             let call = node.call(&leave);
-            // A pipelined node bounds the call itself and runs it after this acquisition's
-            // last call; a leave that never lands ends with its lease.
             self.shared.tasks.spawn(async move {
-                let _ = tokio::time::timeout(timeout, call).await;
+                let _ = call.await;
             });
         }
     }
@@ -288,7 +287,6 @@ async fn attempt(
         shared: Arc::clone(shared),
         target: target.clone(),
         token: new_token(),
-        settled: Settled::none(),
         hold: None,
         queue: None,
     };
@@ -298,15 +296,9 @@ async fn attempt(
     // caller gave up mid-way) releases on every node in the background.
     let mut guard = DropGuard::new(held, Held::release_in_background);
     let start = clock::now();
-    let round = quorum::acquire_round(
-        &shared.nodes,
-        &req,
-        config.node_timeout,
-        config.drift_factor,
-        &shared.tasks,
-    )
-    .await;
-    let (valid_for, settled) = match round {
+    let round =
+        quorum::acquire_round(&shared.nodes, &req, config.drift_factor, &shared.tasks).await;
+    let valid_for = match round {
         Ok(granted) => granted,
         Err(failed) => {
             // acquire_round released on every node already.
@@ -314,19 +306,12 @@ async fn attempt(
             return Err(failed);
         }
     };
-    guard.settled = settled;
     let expires_at = start + valid_for;
     let fence = match fence(shared, &target.resources, expires_at).await {
         Ok(fence) => fence,
         Err(error) => {
             let release = guard.request(Op::Release, target.ttl);
-            quorum::release_everywhere(
-                &shared.nodes,
-                &release,
-                config.node_timeout,
-                &guard.settled,
-            )
-            .await;
+            quorum::release_everywhere(&shared.nodes, &release).await;
             guard.disarm();
             return Err(Failed::Other(error.into()));
         }

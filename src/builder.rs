@@ -279,6 +279,9 @@ impl RedlockBuilder {
     #[cfg(test)]
     pub(crate) fn build_over_fakes(self, n: usize) -> (Vec<Arc<FakeNode>>, Redlock) {
         let (fakes, nodes) = crate::node::fake::fakes(&vec![Fake::Real; n]);
+        for fake in &fakes {
+            fake.set_timeout(self.config.node_timeout);
+        }
         let voters = nodes
             .into_iter()
             .map(|node| Voter {

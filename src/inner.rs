@@ -15,7 +15,7 @@ use crate::error::{Error, InvalidInput};
 use crate::events::Event;
 use crate::hand_off::{HandOff, Hold};
 use crate::node::{Node, Op, QueueTicket, Request, Voter, VoterKind};
-use crate::quorum::{self, Round, Settled, Until};
+use crate::quorum::{self, Round, Until};
 
 /// The longest TTL redfence sends to Redis: about 146 million years, far inside what Redis
 /// accepts for `PX` and what an [`Instant`](std::time::Instant) can represent.
@@ -62,14 +62,12 @@ pub(crate) struct Target {
     pub(crate) ttl: Duration,
 }
 
-/// One lock as the nodes know it: its keys, owner token and TTL, and the calls of its last
-/// round still running (its next round follows them on each node).
+/// One lock as the nodes know it: its keys, owner token and TTL.
 #[derive(Clone)]
 pub(crate) struct Held {
     pub(crate) shared: Arc<Shared>,
     pub(crate) target: Target,
     pub(crate) token: Arc<str>,
-    pub(crate) settled: Settled,
     /// Marks the keys as held by this process once granted; dropped with the last copy of
     /// the lock (after its release), which wakes the next waiter here.
     pub(crate) hold: Option<Arc<Hold>>,
@@ -241,19 +239,11 @@ impl Held {
         }
     }
 
-    /// Sends one request for this lock to every node, each after the lock's previous call to
-    /// that node finished (see [`Settled`]).
+    /// Sends one request for this lock to every node; on each node it runs after the lock's
+    /// earlier calls (the node's queue keeps their order).
     pub(crate) async fn round(&self, op: Op, ttl: Duration, until: Until) -> Round {
         let req = self.request(op, ttl);
-        let config = &self.shared.config;
-        quorum::fan_out(
-            &self.shared.nodes,
-            &req,
-            config.node_timeout,
-            until,
-            &self.settled,
-        )
-        .await
+        quorum::fan_out(&self.shared.nodes, &req, until).await
     }
 
     /// Compare-and-delete on every node in the background (tracked, so `Redlock::close` waits

@@ -136,9 +136,8 @@ impl Lock {
         self.expires_at = self.expires_at.min(bound);
         let round = self.held.round(Op::Extend, ttl, Until::Granted).await;
         let elapsed = clock::since(start);
-        let (tally, settled) = round.into_parts(&self.held.shared.tasks);
+        let tally = round.into_tally();
         tally.trace();
-        self.held.settled = settled;
         if !tally.reached() {
             return Err(tally.extend_error(&self.held.target.resources));
         }
@@ -187,7 +186,7 @@ impl Lock {
             .round(Op::Release, ttl, until)
             .instrument(span.clone())
             .await;
-        let (tally, _) = round.into_parts(&self.held.shared.tasks);
+        let tally = round.into_tally();
         let _entered = span.enter();
         tally.trace();
         // Only now: a release dropped half-way still releases in the background.

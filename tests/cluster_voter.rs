@@ -1,17 +1,22 @@
 //! A whole Redis Cluster as one voter: three small clusters vote as three nodes, losing one
 //! whole cluster keeps locks working, a slot migration (ASK, then MOVED) during a hold keeps
-//! the lock, a member that hangs while its slot moves is left behind, and a lock across hash
-//! slots is refused before any traffic.
+//! the lock, a member that hangs then resumes runs a lock's release after its acquire, a
+//! member that hangs while its slot moves is left behind after the patience window, and a
+//! lock across hash slots is refused before any traffic.
 #![cfg(feature = "cluster")]
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redfence::{Error, InvalidInput, MemoryCounter, NodeAddr, Redlock, RedlockBuilder};
+use support::Servers;
 use support::redis_cluster::RedisCluster;
 
 const TTL: Duration = Duration::from_secs(10);
+/// How long a Cluster voter keeps its connection while a member leaves calls unanswered (the
+/// documented patience window), before it makes it again.
+const PATIENCE: Duration = Duration::from_secs(5);
 
 fn builder(clusters: &[RedisCluster]) -> RedlockBuilder {
     Redlock::builder()
@@ -177,14 +182,63 @@ async fn discovery_longer_than_a_node_timeout_still_connects() {
     lock.release().await.expect("release");
 }
 
+/// A member that hangs (paused) while a lock's acquire is in flight on it: the other voters
+/// grant the lock and it is released at once; the Cluster voter gives its acquire up at
+/// `node_timeout`, with the release queued behind it. When the member resumes it runs the
+/// acquire and then the release (the same connection carries both, in order, and the release
+/// is sent again until answered): no lock key is left on it. Before (one script call per
+/// request, a lock's calls ordered by the quorum logic), the release waited for the acquire's
+/// time-out within its own, was never sent, and the key stayed there until its TTL.
+#[tokio::test]
+async fn a_member_hung_then_resumed_runs_the_release_after_the_acquire() {
+    let cluster = RedisCluster::start();
+    let servers = Servers::start(2);
+    let redlock = Redlock::builder()
+        .node(NodeAddr::cluster(cluster.seeds()))
+        .nodes(servers.urls())
+        .node_timeout(Duration::from_millis(200))
+        .retry_count(0)
+        .build()
+        .expect("config");
+    support::warm_up(&redlock).await;
+    let ttl = Duration::from_secs(60);
+    let owner = cluster.owner("job");
+    // The other member would call the paused one failed (and the cluster down) after its
+    // cluster-node-timeout, 2 s: not in this test.
+    let _: () = cluster.servers.cmd(
+        1 - owner,
+        &["CONFIG", "SET", "cluster-node-timeout", "60000"],
+    );
+    cluster.servers.pause(owner);
+    let started = Instant::now();
+    let lock = redlock
+        .acquire(&["job"], ttl)
+        .await
+        .expect("the two servers grant");
+    // Released at once, while the Cluster voter's acquire is still in flight; the member
+    // stays hung well past the node timeout, at which the voter gives that call up.
+    lock.release().await.expect("the two servers release");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cluster.servers.resume(owner);
+    assert!(started.elapsed() < PATIENCE, "paused within the window");
+    tokio::time::timeout(support::DEADLINE, redlock.close())
+        .await
+        .expect("close() returns once the member answers");
+    assert_eq!(
+        cluster.servers.get(owner, "job"),
+        None,
+        "the resumed member holds the lock key: the release ran before the acquire, or never"
+    );
+}
+
 /// A member that hangs (paused, or cut off without a reset) while its slot moves to another
 /// member, as a failover does: the cluster connection has no response timeout of its own and
-/// learns of a new slot owner only from a reply, which a hung member never sends. A call
-/// given up at `node_timeout` now has a new connection made in the background (the slots
-/// mapped again), and the other member keeps answering meanwhile. Before, every call went to
-/// the hung member, for good.
+/// learns of a new slot owner only from a reply, which a hung member never sends. The voter
+/// keeps its connection (and the order of the calls on it) for the patience window, then
+/// makes it again (the slots mapped again) and locks on the slot's new owner; the other
+/// member keeps answering all along.
 #[tokio::test]
-async fn a_hung_member_whose_slot_moved_is_left_behind() {
+async fn a_hung_member_whose_slot_moved_is_left_behind_after_the_patience_window() {
     let cluster = RedisCluster::start();
     let redlock = builder(std::slice::from_ref(&cluster))
         .node_timeout(Duration::from_millis(300))
@@ -202,7 +256,8 @@ async fn a_hung_member_whose_slot_moved_is_left_behind() {
         lock.release().await.expect("release");
     }
     let hung = cluster.take_slot_from_hung_owner("moved");
-    // The other member's slots keep working while the connection is made again.
+    let started = Instant::now();
+    // The other member's slots keep working while the hung one is waited for.
     let err = redlock.acquire(&["moved"], TTL).await.expect_err("hung");
     assert!(err.is_retryable(), "{err}");
     let lock = redlock
@@ -215,10 +270,15 @@ async fn a_hung_member_whose_slot_moved_is_left_behind() {
         &redlock,
         &["moved"],
         TTL,
-        support::DEADLINE * 2,
+        PATIENCE + support::DEADLINE * 2,
         "the voter stayed with the hung member",
     )
     .await;
+    assert!(
+        started.elapsed() >= PATIENCE,
+        "left the hung member after {:?}, within the patience window",
+        started.elapsed()
+    );
     assert_eq!(
         cluster.servers.get(1 - hung, "moved").as_deref(),
         Some(lock.token()),
@@ -228,14 +288,15 @@ async fn a_hung_member_whose_slot_moved_is_left_behind() {
     cluster.servers.resume(hung);
 }
 
-/// A call its caller cancelled early (a short timeout around `acquire`) says nothing about
-/// the members: the cluster connection is not made again for it. One that waited its node
-/// timeout is.
+/// Neither a call its caller cancelled early (a short timeout around `acquire`) nor calls
+/// that time out make the cluster connection again within the patience window: a new
+/// connection could run a later call before those still waiting on the old one. Once a
+/// member has left calls unanswered for the window, the connection is made again.
 #[tokio::test]
-async fn a_cancelled_call_does_not_remake_the_connection() {
+async fn the_connection_is_kept_through_time_outs_for_the_patience_window() {
     let cluster = RedisCluster::start();
     let redlock = builder(std::slice::from_ref(&cluster))
-        .node_timeout(Duration::from_millis(1_000))
+        .node_timeout(Duration::from_millis(500))
         .retry_count(0)
         .build()
         .expect("config");
@@ -243,25 +304,33 @@ async fn a_cancelled_call_does_not_remake_the_connection() {
     lock.release().await.expect("release");
     let owner = cluster.owner("job");
     let other = 1 - owner;
+    let _: () = cluster
+        .servers
+        .cmd(other, &["CONFIG", "SET", "cluster-node-timeout", "60000"]);
     let accepted = cluster.servers.accepted_connections(other);
     let before = accepted.count();
     cluster.servers.pause(owner);
-    // Cancelled after 50 ms, a twentieth of the node timeout.
+    let paused = Instant::now();
+    // Cancelled after 50 ms, a tenth of the node timeout.
     let cut = tokio::time::timeout(Duration::from_millis(50), redlock.acquire(&["job"], TTL)).await;
     assert!(cut.is_err(), "the owner is paused: {cut:?}");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Calls that time out, for most of the window.
+    while paused.elapsed() < PATIENCE - Duration::from_secs(2) {
+        let err = redlock.acquire(&["job"], TTL).await.expect_err("paused");
+        assert!(err.is_retryable(), "{err}");
+    }
     assert_eq!(
         accepted.count(),
         before,
-        "no new connection for a cancelled call"
+        "a new connection within the patience window"
     );
-    // Given up at the node timeout: the connection is made again (the seeds asked).
-    let err = redlock.acquire(&["job"], TTL).await.expect_err("paused");
-    assert!(err.is_retryable(), "{err}");
+    // Past the window (the releases of those attempts are still being sent again), the
+    // connection is made again: the seeds asked.
     assert!(
         support::eventually(|| accepted.count() > before).await,
-        "a timed-out call remakes the connection"
+        "the connection was never made again"
     );
+    assert!(paused.elapsed() >= PATIENCE);
     cluster.servers.resume(owner);
 }
 

@@ -1,9 +1,10 @@
 //! A Sentinel-managed master as one voter: locks work through the master the sentinels name,
 //! and after a failover during a hold the voter follows the new master, which still holds the
 //! lock when it was replicated before the failover (the documented behaviour; a grant not yet
-//! replicated is forgotten, like a restart without persistence); a master that hangs is left
-//! for the one the sentinels promote, a call its caller cancels early keeps the connection,
-//! and a sentinel that hangs is passed over.
+//! replicated is forgotten, like a restart without persistence); a master that hangs then
+//! resumes runs a lock's release after its acquire; a master that hangs is left for the one
+//! the sentinels promote once the patience window has passed; a call its caller cancels early
+//! keeps the connection, and a sentinel that hangs is passed over.
 #![cfg(feature = "sentinel")]
 
 mod support;
@@ -11,9 +12,13 @@ mod support;
 use std::time::{Duration, Instant};
 
 use redfence::{Error, NodeAddr, Redlock};
+use support::Servers;
 use support::sentinel::{MASTER, SentinelGroup};
 
 const TTL: Duration = Duration::from_secs(20);
+/// How long a Sentinel voter keeps its connection while the master leaves calls unanswered
+/// (the documented patience window), before it asks the sentinels again.
+const PATIENCE: Duration = Duration::from_secs(5);
 
 fn redlock(group: &SentinelGroup) -> Redlock {
     Redlock::builder()
@@ -74,12 +79,57 @@ async fn a_failover_during_a_hold_moves_the_voter_to_the_new_master() {
     assert_eq!(servers.get(1, "job"), None);
 }
 
-/// A master that hangs (paused: its connection stays open and nothing answers) is replaced by
-/// the sentinels; the voter gives up its connection after a call it did not answer in time,
-/// asks the sentinels again, and locks on the new master. Before, it kept the hung
-/// connection until TCP gave up, many minutes later, and every call timed out.
+/// A master that hangs (paused) while a lock's acquire is in flight on it: the other voters
+/// grant the lock and it is released at once; the Sentinel voter gives its acquire up at
+/// `node_timeout`, with the release queued behind it. When the master resumes it runs the
+/// acquire and then the release (the same connection carries both, in order, and the release
+/// is sent again until answered): no lock key is left on it. Before (one script call per
+/// request, a lock's calls ordered by the quorum logic), the release waited for the acquire's
+/// time-out within its own, was never sent, and the key stayed there until its TTL.
 #[tokio::test]
-async fn a_hung_master_is_left_for_the_new_one_after_a_timeout() {
+async fn a_master_hung_then_resumed_runs_the_release_after_the_acquire() {
+    let group = SentinelGroup::start();
+    // Paused for longer than a second: no failover in this test.
+    group.set_down_after(60_000);
+    let servers = Servers::start(2);
+    let redlock = Redlock::builder()
+        .node(NodeAddr::sentinel(group.urls(), MASTER))
+        .nodes(servers.urls())
+        .node_timeout(Duration::from_millis(200))
+        .retry_count(0)
+        .build()
+        .expect("config");
+    support::warm_up(&redlock).await;
+    let ttl = Duration::from_secs(60);
+    group.servers.pause(0);
+    let started = Instant::now();
+    let lock = redlock
+        .acquire(&["job"], ttl)
+        .await
+        .expect("the two servers grant");
+    // Released at once, while the Sentinel voter's acquire is still in flight; the master
+    // stays hung well past the node timeout, at which the voter gives that call up.
+    lock.release().await.expect("the two servers release");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    group.servers.resume(0);
+    assert!(started.elapsed() < PATIENCE, "paused within the window");
+    tokio::time::timeout(support::DEADLINE, redlock.close())
+        .await
+        .expect("close() returns once the master answers");
+    assert_eq!(
+        group.servers.get(0, "job"),
+        None,
+        "the resumed master holds the lock key: the release ran before the acquire, or never"
+    );
+}
+
+/// A master that hangs (paused: its connection stays open and nothing answers) is replaced by
+/// the sentinels. The voter keeps its connection through the calls that time out for the
+/// patience window (the master may yet resume, and a new connection could run a release
+/// before the acquire still waiting on the old one); then it asks the sentinels again, finds
+/// the new master, and locks there.
+#[tokio::test]
+async fn a_hung_master_is_left_for_the_new_one_after_the_patience_window() {
     let mut group = SentinelGroup::start();
     let redlock = redlock(&group);
     redlock
@@ -91,7 +141,8 @@ async fn a_hung_master_is_left_for_the_new_one_after_a_timeout() {
         .expect("release");
 
     group.pause_master();
-    let deadline = Instant::now() + support::DEADLINE;
+    let started = Instant::now();
+    let deadline = started + PATIENCE + support::DEADLINE;
     let lock = loop {
         match redlock.acquire(&["job"], TTL).await {
             Ok(lock) => break lock,
@@ -99,6 +150,11 @@ async fn a_hung_master_is_left_for_the_new_one_after_a_timeout() {
             Err(err) => panic!("acquire after the failover: {err}"),
         }
     };
+    assert!(
+        started.elapsed() >= PATIENCE,
+        "left the hung master after {:?}, within the patience window",
+        started.elapsed()
+    );
     let servers = &group.servers;
     assert_eq!(
         servers.get(1, "job").as_deref(),

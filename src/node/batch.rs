@@ -1,10 +1,11 @@
 //! One batched script call of a node's queue: the requests it carries (capped by
-//! operations, keys and bytes), the one `EVALSHA` of `scripts/batch.lua` they become (over the
-//! node's multiplexed connection, with its `NOSCRIPT` reload and one retry after a lost
-//! connection), and each request's own reply.
+//! operations, keys and bytes), the [`Link`] it is sent over (for a server, the one `EVALSHA`
+//! of `scripts/batch.lua` they become, over the node's multiplexed connection, with its
+//! `NOSCRIPT` reload and one retry after a lost connection), and each request's own reply.
 
+use std::future::Future;
 use std::pin::Pin;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
@@ -17,7 +18,75 @@ use super::{Op, Reply, Request};
 use crate::error::NodeFailure;
 
 const BATCH_SOURCE: &str = include_str!("../scripts/batch.lua");
-static BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(BATCH_SOURCE));
+/// The batch script, for the links that send it.
+pub(super) static BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(BATCH_SOURCE));
+
+/// How long a link to a voter found through others (a Cluster, a Sentinel group) keeps its
+/// connection while calls on it go unanswered, before it looks for the server again (a new
+/// slot map; the sentinels asked again). Within this window every call to a hung server goes
+/// on the connection that carries the calls before it, so a server that resumes runs a lock's
+/// release after its acquire; a connection made anew could run first.
+#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
+pub(crate) const PATIENCE: Duration = Duration::from_secs(5);
+
+/// What a node's queue sends its batches over: one kind per kind of voter (a server's
+/// connection, a Cluster's slots, a Sentinel group's master). The queue sends one batch at a
+/// time, in order, and a link keeps that order on the server: a batch given up at its deadline
+/// stays ahead of the next one (it went on the same connection first).
+pub(super) trait Link: Send + 'static {
+    /// Sends `runs` (in this order) and returns each one's reply, or `Err` when the call as a
+    /// whole failed; a call not answered by `deadline` (set `timeout` after the call started)
+    /// is a [`NodeFailure::Timeout`].
+    fn send<'a>(
+        &'a mut self,
+        runs: &'a [Run],
+        timeout: Duration,
+        deadline: Pin<&'a mut Sleep>,
+    ) -> impl Future<Output = Result<Replies, NodeFailure>> + Send + 'a;
+}
+
+/// A batch's replies, one per request, in order.
+pub(super) enum Replies {
+    /// Every request answered (one script call).
+    All(Vec<Value>),
+    /// Each request's own outcome (a batch split over several servers, some of which failed).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    Each(Vec<Result<Value, NodeFailure>>),
+}
+
+/// One server's link: the batch as one `EVALSHA` over its [`LazyConnection`].
+pub(super) struct ServerLink {
+    connection: Arc<LazyConnection>,
+    /// The call being sent, kept for the next batch's (its allocation reused).
+    script: Cmd,
+}
+
+impl ServerLink {
+    pub(super) fn new(connection: Arc<LazyConnection>) -> Self {
+        ServerLink {
+            connection,
+            script: Cmd::new(),
+        }
+    }
+}
+
+impl Link for ServerLink {
+    async fn send<'a>(
+        &'a mut self,
+        runs: &'a [Run],
+        timeout: Duration,
+        deadline: Pin<&'a mut Sleep>,
+    ) -> Result<Replies, NodeFailure> {
+        write_script(runs.iter(), &mut self.script);
+        tokio::select! {
+            biased;
+            replies = evalsha_once_more(&self.script, &self.connection) => {
+                Ok(Replies::All(replies?))
+            }
+            () = deadline => Err(NodeFailure::Timeout(timeout)),
+        }
+    }
+}
 
 /// The most operations one batched call carries.
 pub(crate) const MAX_OPS: usize = 512;
@@ -43,8 +112,8 @@ pub(super) enum Job {
 }
 
 /// One request of a batch: as [`Job::Run`].
-struct Run {
-    req: Request,
+pub(super) struct Run {
+    pub(super) req: Request,
     reply: Option<Reply>,
     resend_until: Option<Instant>,
 }
@@ -56,8 +125,6 @@ pub(super) struct Batch {
     flushes: Vec<oneshot::Sender<()>>,
     keys: usize,
     bytes: usize,
-    /// The call being sent, kept for the next batch's (its allocation reused).
-    script: Cmd,
 }
 
 /// The bytes of names and ids a request adds to a call.
@@ -122,70 +189,55 @@ impl Batch {
         self.runs.len() >= MAX_OPS || self.keys >= MAX_KEYS || self.bytes >= MAX_BYTES
     }
 
-    /// Sends the batch as one `EVALSHA` and answers each request; `Err` when the call as a
-    /// whole failed or `deadline` (set `timeout` after the call starts) passed first (the
-    /// requests are then still to be answered, by [`fail`](Self::fail)).
-    pub(super) async fn run(
+    /// Sends the batch over `link` and answers each request; `Err` when the call as a whole
+    /// failed or `deadline` (set `timeout` after the call starts) passed first (the requests
+    /// are then still to be answered, by [`fail`](Self::fail)). `Ok(false)` when some
+    /// requests failed alone (a batch split over several servers): each is answered with its
+    /// failure and its release or leave handed to `resend` as [`fail`](Self::fail) says; the
+    /// batch's flush markers then wait in `flushes` if anything is to be sent again.
+    pub(super) async fn run<L: Link>(
         &mut self,
-        connection: &LazyConnection,
+        link: &mut L,
         timeout: Duration,
         deadline: Pin<&mut Sleep>,
-    ) -> Result<(), NodeFailure> {
+        resend: &mut Vec<Job>,
+        flushes: &mut Vec<oneshot::Sender<()>>,
+    ) -> Result<bool, NodeFailure> {
+        let mut whole = true;
         if !self.runs.is_empty() {
-            self.write_script();
-            let replies = tokio::select! {
-                biased;
-                replies = evalsha_once_more(&self.script, connection) => replies?,
-                () = deadline => return Err(NodeFailure::Timeout(timeout)),
-            };
-            check_count(replies.len(), self.runs.len())?;
-            for (run, value) in self.runs.drain(..).zip(replies) {
-                if let Some(reply) = run.reply {
-                    let _ = reply.send(parse(value));
+            match link.send(&self.runs, timeout, deadline).await? {
+                Replies::All(values) => {
+                    check_count(values.len(), self.runs.len())?;
+                    for (run, value) in self.runs.drain(..).zip(values) {
+                        if let Some(reply) = run.reply {
+                            let _ = reply.send(parse(value));
+                        }
+                    }
+                }
+                Replies::Each(outcomes) => {
+                    check_count(outcomes.len(), self.runs.len())?;
+                    for (run, outcome) in self.runs.drain(..).zip(outcomes) {
+                        match outcome {
+                            Ok(value) => {
+                                if let Some(reply) = run.reply {
+                                    let _ = reply.send(parse(value));
+                                }
+                            }
+                            Err(failure) => {
+                                whole = false;
+                                fail_run(run, &failure, resend);
+                            }
+                        }
+                    }
                 }
             }
         }
-        self.answer_flushes();
-        Ok(())
-    }
-
-    /// The batch as one `EVALSHA` of `scripts/batch.lua`: every operation's keys, then every
-    /// operation's arguments (kind, token, TTL, key count, and the fair queue's three for
-    /// `f`, `l` and `R`), written straight into one command buffer (no allocation per
-    /// argument).
-    /// Written into `self.script`, whose allocation the next batch reuses.
-    fn write_script(&mut self) {
-        let Batch { runs, script, .. } = self;
-        let keys: usize = runs.iter().map(|run| run.req.keys.len()).sum();
-        script.clear();
-        script.arg("EVALSHA").arg(BATCH.get_hash()).arg(keys);
-        for run in runs.iter() {
-            for key in run.req.keys.iter() {
-                script.arg(key.as_str());
-            }
+        if whole || resend.is_empty() {
+            self.answer_flushes();
+        } else {
+            flushes.append(&mut self.flushes);
         }
-        for Run { req, .. } in runs.iter() {
-            let kind = match (req.op, &req.queue) {
-                (Op::Acquire, None) => "a",
-                (Op::Acquire, Some(_)) => "f",
-                (Op::Extend, _) => "e",
-                (Op::Release, None) => "r",
-                (Op::Release, Some(_)) => "R",
-                (Op::Leave, _) => "l",
-            };
-            script
-                .arg(kind)
-                .arg(&*req.token)
-                .arg(req.ttl_ms)
-                .arg(req.keys.len());
-            if matches!(kind, "f" | "l" | "R") {
-                let (waiter, ticket, lease) = req
-                    .queue
-                    .as_deref()
-                    .map_or(("", 0, 0), |q| (&*q.waiter, q.ticket, q.lease_ms));
-                script.arg(waiter).arg(ticket).arg(lease);
-            }
-        }
+        Ok(whole)
     }
 
     /// Answers every request of a batch whose call failed with `failure`, and hands back the
@@ -201,30 +253,8 @@ impl Batch {
         resend: &mut Vec<Job>,
         flushes: &mut Vec<oneshot::Sender<()>>,
     ) {
-        let retryable = matches!(
-            failure,
-            NodeFailure::Timeout(_) | NodeFailure::Connection(_)
-        );
         for run in self.runs.drain(..) {
-            if let Some(reply) = run.reply {
-                let _ = reply.send(Err(failure.clone()));
-            }
-            if !retryable || !matches!(run.req.op, Op::Release | Op::Leave) {
-                continue;
-            }
-            // A release until its lock's keys expire; a leave until its waiter's lease ends.
-            let ttl_ms = match (run.req.op, run.req.queue.as_deref()) {
-                (Op::Leave, Some(place)) => place.lease_ms,
-                _ => run.req.ttl_ms,
-            };
-            let until = run.resend_until.unwrap_or_else(|| resend_deadline(ttl_ms));
-            if crate::clock::now() < until {
-                resend.push(Job::Run {
-                    req: run.req,
-                    reply: None,
-                    resend_until: Some(until),
-                });
-            }
+            fail_run(run, failure, resend);
         }
         flushes.append(&mut self.flushes);
     }
@@ -233,6 +263,87 @@ impl Batch {
         for done in self.flushes.drain(..) {
             let _ = done.send(());
         }
+    }
+}
+
+/// `runs` as one `EVALSHA` of `scripts/batch.lua`: every operation's keys, then every
+/// operation's arguments (kind, token, TTL, key count, and the fair queue's three for `f`, `l`
+/// and `R`), written straight into one command buffer (no allocation per argument). Written
+/// into `script`, whose allocation the next batch reuses.
+pub(super) fn write_script<'r>(runs: impl Iterator<Item = &'r Run> + Clone, script: &mut Cmd) {
+    write_call(runs, script, "EVALSHA", BATCH.get_hash());
+}
+
+/// `runs` as one `EVAL` of the batch script's source: what a server that does not have the
+/// script yet runs, and keeps (see [`write_script`]).
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+pub(super) fn write_eval<'r>(runs: impl Iterator<Item = &'r Run> + Clone, script: &mut Cmd) {
+    write_call(runs, script, "EVAL", BATCH_SOURCE);
+}
+
+fn write_call<'r>(
+    runs: impl Iterator<Item = &'r Run> + Clone,
+    script: &mut Cmd,
+    command: &str,
+    body: &str,
+) {
+    let keys: usize = runs.clone().map(|run| run.req.keys.len()).sum();
+    script.clear();
+    script.arg(command).arg(body).arg(keys);
+    for run in runs.clone() {
+        for key in run.req.keys.iter() {
+            script.arg(key.as_str());
+        }
+    }
+    for Run { req, .. } in runs {
+        let kind = match (req.op, &req.queue) {
+            (Op::Acquire, None) => "a",
+            (Op::Acquire, Some(_)) => "f",
+            (Op::Extend, _) => "e",
+            (Op::Release, None) => "r",
+            (Op::Release, Some(_)) => "R",
+            (Op::Leave, _) => "l",
+        };
+        script
+            .arg(kind)
+            .arg(&*req.token)
+            .arg(req.ttl_ms)
+            .arg(req.keys.len());
+        if matches!(kind, "f" | "l" | "R") {
+            let (waiter, ticket, lease) = req
+                .queue
+                .as_deref()
+                .map_or(("", 0, 0), |q| (&*q.waiter, q.ticket, q.lease_ms));
+            script.arg(waiter).arg(ticket).arg(lease);
+        }
+    }
+}
+
+/// Answers `run` with `failure` and, after a time-out or a lost connection, hands its release
+/// or leave to `resend` (see [`Batch::fail`]).
+fn fail_run(run: Run, failure: &NodeFailure, resend: &mut Vec<Job>) {
+    if let Some(reply) = run.reply {
+        let _ = reply.send(Err(failure.clone()));
+    }
+    let retryable = matches!(
+        failure,
+        NodeFailure::Timeout(_) | NodeFailure::Connection(_)
+    );
+    if !retryable || !matches!(run.req.op, Op::Release | Op::Leave) {
+        return;
+    }
+    // A release until its lock's keys expire; a leave until its waiter's lease ends.
+    let ttl_ms = match (run.req.op, run.req.queue.as_deref()) {
+        (Op::Leave, Some(place)) => place.lease_ms,
+        _ => run.req.ttl_ms,
+    };
+    let until = run.resend_until.unwrap_or_else(|| resend_deadline(ttl_ms));
+    if crate::clock::now() < until {
+        resend.push(Job::Run {
+            req: run.req,
+            reply: None,
+            resend_until: Some(until),
+        });
     }
 }
 
@@ -264,7 +375,7 @@ async fn evalsha_once_more(
 
 /// Runs `command` (an `EVALSHA` of the batch script), loading the script first when the
 /// server does not have it (`NOSCRIPT`: first use, a restart, a `SCRIPT FLUSH`).
-async fn evalsha(
+pub(super) async fn evalsha(
     command: &Cmd,
     connection: &mut impl ConnectionLike,
 ) -> redis::RedisResult<Vec<Value>> {
@@ -277,7 +388,7 @@ async fn evalsha(
     }
 }
 
-fn check_count(replies: usize, requests: usize) -> Result<(), NodeFailure> {
+pub(super) fn check_count(replies: usize, requests: usize) -> Result<(), NodeFailure> {
     if replies == requests {
         Ok(())
     } else {

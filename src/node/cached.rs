@@ -11,7 +11,6 @@ use redis::RedisError;
 /// `node_timeout` when those servers are far away; it runs in a task of its own, bounded by
 /// the time given to [`new`](Self::new), that a call given up at `node_timeout` does not
 /// abandon, so a later call finds the connection made.
-#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
 pub(crate) struct Cached<T> {
     slot: Arc<tokio::sync::Mutex<Slot<T>>>,
     connect_timeout: std::time::Duration,
@@ -34,7 +33,6 @@ struct Slot<T> {
     renewed_at: Option<tokio::time::Instant>,
 }
 
-#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
 impl<T: Clone + Send + 'static> Cached<T> {
     /// Nothing made yet; `connect_timeout` bounds each making, and spaces renewals until
     /// [`renewals_spaced`](Self::renewals_spaced) says otherwise.
@@ -115,22 +113,12 @@ impl<T: Clone + Send + 'static> Cached<T> {
         self.slot.lock().await.forget(generation);
     }
 
-    /// Drops the connection of `generation` if it is still the current one and not being
-    /// replaced right now (a newer connection stands). Does not block.
-    #[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
-    pub(crate) fn try_forget(&self, generation: u64) {
-        if let Ok(mut slot) = self.slot.try_lock() {
-            slot.forget(generation);
-        }
-    }
-
     /// Makes a new connection with `make`, in a task of its own, and puts it in place of the
     /// connection of `generation` once made; calls go on with that one meanwhile (the members
     /// of a cluster that answer keep answering), and a failed making leaves it in place. Only
     /// when `generation` is still the current one, no renewal is under way, and the last one
     /// ended at least the renewal spacing ago: a server that stays hung costs one renewal at
     /// a time, not one per call. Does not block; outside a Tokio runtime, does nothing.
-    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(crate) fn renew<Fut>(&self, generation: u64, make: impl FnOnce() -> Fut + Send + 'static)
     where
         Fut: Future<Output = Result<T, RedisError>> + Send + 'static,
@@ -263,11 +251,10 @@ mod tests {
         assert_eq!((second, conn), (2, 2));
         // A late forget for the first connection leaves the second alone.
         cached.forget(first).await;
-        cached.try_forget(first);
         let again = got(&cached, &calls).await.expect("cached");
         assert_eq!(again, (2, 2));
         assert_eq!(calls.load(Ordering::SeqCst), 2);
-        cached.try_forget(second);
+        cached.forget(second).await;
         let third = got(&cached, &calls).await.expect("made a third time");
         assert_eq!(third, (3, 3));
     }

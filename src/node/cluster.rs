@@ -1,32 +1,40 @@
-//! A whole Redis Cluster as one voter: each request is one script call, routed by redis-rs's
-//! cluster client to the master of the keys' hash slot (following `MOVED` and `ASK`).
+//! A whole Redis Cluster as one voter: the node's queue ([`Queue`]) sends each batch split by
+//! hash slot, one `EVALSHA` of the batch script per slot, routed by redis-rs's cluster
+//! connection to the slot's master (following `MOVED` and `ASK`).
 
+use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, join_all};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
-use redis::{RedisError, Value};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr,
+};
+use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+use tokio::time::{Instant, Sleep};
 
-use super::{Advice, Advisory, Node, NodeCall, Request, advice, cached, script_call};
+use super::batch::{Link, PATIENCE, Replies, Run, check_count, write_eval, write_script};
+use super::redis::Queue;
+use super::{Advice, Advisory, Node, NodeCall, Request, advice, advisory, cached};
 use crate::error::NodeFailure;
 
 /// One Redis Cluster, reached through its seed nodes, voting once. The connection is made on
-/// first use and shared; redis-rs refreshes the slot map after `MOVED`, reconnects to
-/// members, and finds the new master after a failover. A call given up renews it in the
-/// background (see `given_up`).
+/// first use and shared by the queue and the advisory calls; redis-rs refreshes the slot map
+/// after `MOVED`, reconnects to members after I/O errors, and finds the new master after a
+/// failover it hears of. A slot whose master leaves calls unanswered for [`PATIENCE`] has the
+/// connection made again (the slot map asked for), in the background.
 pub(crate) struct ClusterNode {
     addr: String,
     shared: Arc<Shared>,
+    queue: Queue,
 }
 
 struct Shared {
     client: ClusterClient,
     conn: cached::Cached<ClusterConnection>,
-    /// The lock manager's `node_timeout`: how long a call waits for a member.
-    node_timeout: Duration,
 }
 
 /// How many connect timeouts making the cluster connection may take: the seeds, then the
@@ -36,7 +44,8 @@ const DISCOVERY_STEPS: u32 = 3;
 
 impl ClusterNode {
     /// A voter over the cluster that `seeds` (its members' URLs) belong to; `addr` names it
-    /// in messages; calls wait `node_timeout` for a member. Nothing is connected yet.
+    /// in messages; a call in flight waits `node_timeout` for a member. Nothing is connected
+    /// yet.
     pub(crate) fn new(
         seeds: Vec<redis::ConnectionInfo>,
         addr: String,
@@ -48,27 +57,42 @@ impl ClusterNode {
             // Every call is bounded by node_timeout; a response timeout would only race it.
             .response_timeout(Duration::from_secs(3600))
             .build()?;
+        let shared = Arc::new(Shared {
+            client,
+            conn: cached::Cached::new(connect_timeout * DISCOVERY_STEPS)
+                .renewals_spaced(connect_timeout),
+        });
+        let link_shared = Arc::clone(&shared);
+        let queue = Queue::new(&addr, node_timeout, move || ClusterLink {
+            shared: Arc::clone(&link_shared),
+            stalled: HashMap::new(),
+            generation: 0,
+        });
         Ok(ClusterNode {
             addr,
-            shared: Arc::new(Shared {
-                client,
-                conn: cached::Cached::new(connect_timeout * DISCOVERY_STEPS)
-                    .renewals_spaced(connect_timeout),
-                node_timeout,
-            }),
+            shared,
+            queue,
         })
     }
 }
 
-impl script_call::Connector for Shared {
+impl Shared {
+    /// Makes a new connection in the background (the seeds asked for the slot map again),
+    /// which takes the place of the connection of `generation` once made; see
+    /// [`Cached::renew`](cached::Cached::renew).
+    fn renew(&self, generation: u64) {
+        let client = self.client.clone();
+        self.conn.renew(generation, move || async move {
+            client.get_async_connection().await
+        });
+    }
+}
+
+impl advisory::Connector for Shared {
     type Conn = ClusterConnection;
 
-    fn node_timeout(&self) -> Duration {
-        self.node_timeout
-    }
-
     /// The shared connection, or a new one (the seeds, the slot map, every master), made in a
-    /// task of its own.
+    /// task of its own that a call given up does not abandon.
     async fn connection(&self) -> Result<(u64, ClusterConnection), RedisError> {
         let client = self.client.clone();
         self.conn
@@ -81,49 +105,198 @@ impl script_call::Connector for Shared {
     async fn forget_after(&self, err: &RedisError, generation: u64) {
         if matches!(
             err.kind(),
-            redis::ErrorKind::ClusterConnectionNotFound | redis::ErrorKind::AuthenticationFailed
+            ErrorKind::ClusterConnectionNotFound | ErrorKind::AuthenticationFailed
         ) {
             self.conn.forget(generation).await;
         }
     }
+}
 
-    /// A member that does not answer within `node_timeout` may be hung, or cut off, while a
-    /// failover gives its slots to another: the cluster client learns of a new owner only
-    /// from a reply (`MOVED`), which a hung member never sends, and its connections have no
-    /// response timeout of their own. So a new connection is made in the background (the
-    /// seeds asked for the slot map again) and takes over once made; the other members keep
-    /// answering on the current one meanwhile. One renewal at a time, a connect timeout
-    /// apart.
-    fn given_up(&self, generation: u64) {
-        let client = self.client.clone();
-        self.conn.renew(generation, move || async move {
-            client.get_async_connection().await
+/// A Cluster voter's link: a batch split by hash slot (every key of a lock is in one slot, as
+/// `build()` and the request checks make sure), one batch script per slot, the slots' calls
+/// sent together, each one's requests in queue order.
+///
+/// A member that hangs is kept: the connection to it carries the calls made before, and a
+/// call sent now goes behind them, so when it resumes a release runs after its acquire. Only
+/// once a slot's calls have gone unanswered for [`PATIENCE`] is the cluster connection made
+/// again (the slot map asked for): its master may have been replaced by a failover, which
+/// the cluster client learns of only from a reply (`MOVED`) that a hung member never sends.
+struct ClusterLink {
+    shared: Arc<Shared>,
+    /// Since when each slot's calls have gone unanswered on the connection of `generation`.
+    stalled: HashMap<Slot, Instant>,
+    generation: u64,
+}
+
+impl Link for ClusterLink {
+    async fn send<'a>(
+        &'a mut self,
+        runs: &'a [Run],
+        timeout: Duration,
+        deadline: Pin<&'a mut Sleep>,
+    ) -> Result<Replies, NodeFailure> {
+        use advisory::Connector as _;
+        let at = deadline.deadline();
+        let (generation, conn) = match tokio::time::timeout_at(at, self.shared.connection()).await {
+            Ok(made) => made?,
+            Err(_) => return Err(NodeFailure::Timeout(timeout)),
+        };
+        if generation != self.generation {
+            self.generation = generation;
+            self.stalled.clear();
+        }
+        // The requests of each slot, in queue order.
+        let mut slots: Vec<(Slot, Vec<usize>)> = Vec::new();
+        for (index, run) in runs.iter().enumerate() {
+            let slot = run
+                .req
+                .keys
+                .first()
+                .map_or(Slot::for_key(""), Slot::for_key);
+            match slots.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, members)) => members.push(index),
+                None => slots.push((slot, vec![index])),
+            }
+        }
+        let calls = slots.iter().map(|(slot, members)| {
+            let group = members.iter().map(|&i| &runs[i]);
+            let (mut script, mut eval) = (Cmd::new(), Cmd::new());
+            write_script(group.clone(), &mut script);
+            write_eval(group, &mut eval);
+            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                Route::with_slot(*slot, SlotAddr::Master),
+            ));
+            let mut conn = conn.clone();
+            async move {
+                match tokio::time::timeout_at(at, evalsha_on(&mut conn, &script, &eval, route))
+                    .await
+                {
+                    Ok(replies) => replies,
+                    Err(_) => Err(NodeFailure::Timeout(timeout)),
+                }
+            }
         });
+        let outcomes = join_all(calls).await;
+        let now = Instant::now();
+        let mut replies: Vec<Option<Result<Value, NodeFailure>>> =
+            std::iter::repeat_with(|| None).take(runs.len()).collect();
+        let mut first_failure = None;
+        let mut answered = false;
+        for ((slot, members), outcome) in slots.iter().zip(outcomes) {
+            let outcome = outcome.and_then(|values| {
+                check_count(values.len(), members.len())?;
+                Ok(values)
+            });
+            match outcome {
+                Ok(values) => {
+                    answered = true;
+                    self.stalled.remove(slot);
+                    for (&i, value) in members.iter().zip(values) {
+                        replies[i] = Some(Ok(value));
+                    }
+                }
+                Err(failure) => {
+                    if let NodeFailure::Timeout(_) = failure {
+                        self.stalled.entry(*slot).or_insert(now);
+                    } else {
+                        // Answered, if with an error: the member is not hung.
+                        self.stalled.remove(slot);
+                        self.forget_after(&failure, generation).await;
+                    }
+                    for &i in members {
+                        replies[i] = Some(Err(failure.clone()));
+                    }
+                    first_failure.get_or_insert(failure);
+                }
+            }
+        }
+        if self
+            .stalled
+            .values()
+            .any(|since| now.duration_since(*since) >= PATIENCE)
+        {
+            tracing::debug!(
+                "a hash slot's master has not answered for the patience window; making the cluster connection again"
+            );
+            self.shared.renew(generation);
+        }
+        match first_failure {
+            None => Ok(Replies::All(
+                replies
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Result::ok)
+                    .collect(),
+            )),
+            // Every slot failed: the call as a whole did.
+            Some(failure) if !answered => Err(failure),
+            Some(failure) => Ok(Replies::Each(
+                replies
+                    .into_iter()
+                    .map(|reply| reply.unwrap_or_else(|| Err(failure.clone())))
+                    .collect(),
+            )),
+        }
     }
+}
+
+impl ClusterLink {
+    async fn forget_after(&self, failure: &NodeFailure, generation: u64) {
+        use advisory::Connector as _;
+        if let NodeFailure::Reply(err) | NodeFailure::Connection(err) = failure {
+            self.shared.forget_after(err, generation).await;
+        }
+    }
+}
+
+/// Runs `script` (an `EVALSHA` of the batch script) on the master that `route` names, or
+/// `eval` (the same as an `EVAL` of its source) when the server that runs it does not have the
+/// script (`NOSCRIPT`: a new member, a restart, a slot being imported, reached through `ASK`).
+async fn evalsha_on(
+    conn: &mut ClusterConnection,
+    script: &Cmd,
+    eval: &Cmd,
+    route: RoutingInfo,
+) -> Result<Vec<Value>, NodeFailure> {
+    // (A server's error comes back as a value from a routed command.)
+    let reply = match conn
+        .route_command(script.clone(), route.clone())
+        .await
+        .and_then(Value::extract_error)
+    {
+        Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => conn
+            .route_command(eval.clone(), route)
+            .await
+            .and_then(Value::extract_error)?,
+        other => other?,
+    };
+    Ok(redis::from_redis_value(reply).map_err(RedisError::from)?)
 }
 
 impl Node for ClusterNode {
     fn call(&self, req: &Request) -> NodeCall {
-        NodeCall::Boxed(script_call::call(&self.shared, req))
+        self.queue.call(req)
+    }
+
+    fn flush(&self) -> BoxFuture<'static, ()> {
+        self.queue.flush()
     }
 
     fn advise(&self, advisory: Advisory) -> BoxFuture<'static, Result<Advice, NodeFailure>> {
         match advisory {
             Advisory::Inspect { keys, delete } => advice(
-                script_call::inspect_on(&self.shared, keys, delete),
+                advisory::inspect_on(&self.shared, keys, delete),
                 Advice::Keys,
             ),
             Advisory::WriteIfHeld(write) => advice(
-                script_call::write_if_held_on(&self.shared, &write),
+                advisory::write_if_held_on(&self.shared, &write),
                 Advice::Written,
             ),
             // Every master's: `CONFIG GET` alone goes to one member, chosen at random.
             Advisory::EvictionPolicy => {
                 let shared = Arc::clone(&self.shared);
                 advice(
-                    Box::pin(
-                        async move { script_call::on(&*shared, masters_eviction_policy).await },
-                    ),
+                    Box::pin(async move { advisory::on(&*shared, masters_eviction_policy).await }),
                     Advice::EvictionPolicy,
                 )
             }
@@ -142,7 +315,7 @@ impl Node for ClusterNode {
 async fn masters_eviction_policy(conn: &mut ClusterConnection) -> Result<String, RedisError> {
     let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
     let reply = conn
-        .route_command(script_call::eviction_policy_cmd(), routing)
+        .route_command(advisory::eviction_policy_cmd(), routing)
         .await?;
     let Value::Map(members) = reply else {
         return Err(unexpected("not one reply per master"));
@@ -153,7 +326,7 @@ async fn masters_eviction_policy(conn: &mut ClusterConnection) -> Result<String,
         if let Value::ServerError(err) = reply {
             return Err(err.into());
         }
-        let policy = script_call::policy_of(redis::from_redis_value(reply)?)?;
+        let policy = advisory::policy_of(redis::from_redis_value(reply)?)?;
         policies.push((member, policy));
     }
     let Some((_, first)) = policies.first() else {
@@ -173,5 +346,5 @@ async fn masters_eviction_policy(conn: &mut ClusterConnection) -> Result<String,
 }
 
 fn unexpected(what: &'static str) -> RedisError {
-    RedisError::from((redis::ErrorKind::UnexpectedReturnType, what))
+    RedisError::from((ErrorKind::UnexpectedReturnType, what))
 }

@@ -1,6 +1,10 @@
 //! Fake nodes for unit tests: each one grants, denies, fails, is slow, never answers, or keeps
 //! keys in memory like a Redis server would (with expiry on Tokio's clock, so a paused clock
-//! drives it).
+//! drives it). Like a node's queue, a fake runs each request when the call is made (so in the
+//! order the calls were made, and whether or not its caller waits for the answer) and bounds
+//! each call itself (its node timeout); the answer comes as its behaviour says. What a
+//! node's queue does besides (batching, what a hung call does to the calls behind it) is
+//! tested in `pipeline.rs` and on real servers: these test the quorum logic.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -29,16 +33,9 @@ pub(crate) enum Fake {
     Never,
 }
 
-/// What a fake node saw: which script, when it started and when it ended.
-#[derive(Clone, Debug)]
-pub(crate) struct Seen {
-    pub(crate) op: Op,
-    pub(crate) started: Instant,
-    pub(crate) ended: Option<Instant>,
-}
-
 /// A fake node: a behaviour per kind of request (by default its acquire behaviour, and
-/// [`Fake::Real`] for extend and release), a log of the calls it saw, and its keys.
+/// [`Fake::Real`] for extend and release), a log of the calls it was asked to run, and its
+/// keys.
 pub(crate) struct FakeNode {
     inner: Arc<Inner>,
 }
@@ -46,16 +43,21 @@ pub(crate) struct FakeNode {
 #[derive(Default)]
 struct Inner {
     behaviour: Mutex<HashMap<Op, Fake>>,
-    seen: Mutex<Vec<Seen>>,
+    /// The scripts it was asked to run, in order.
+    seen: Mutex<Vec<Op>>,
     /// key -> (token, expires at)
     keys: Mutex<HashMap<String, (String, Instant)>>,
     /// What `CONFIG GET maxmemory-policy` answers.
     eviction: Mutex<String>,
     /// Guarded writes (the election's record) never answer.
     writes_hang: std::sync::atomic::AtomicBool,
-    /// Whether it says it orders and bounds its own calls (see `Node::pipelined`).
-    pipelined: std::sync::atomic::AtomicBool,
+    /// How long a call may take before it fails with a time-out, as a node's queue bounds the
+    /// call in flight.
+    timeout: Mutex<Duration>,
 }
+
+/// A fake's node timeout until [`FakeNode::set_timeout`] says otherwise.
+pub(crate) const FAKE_TIMEOUT: Duration = Duration::from_millis(50);
 
 impl FakeNode {
     /// A node that answers acquires as `acquire` says and runs extends and releases for real.
@@ -64,6 +66,7 @@ impl FakeNode {
             inner: Arc::default(),
         };
         node.set_eviction_policy("noeviction");
+        node.set_timeout(FAKE_TIMEOUT);
         node.set(Op::Acquire, acquire);
         node.set(Op::Extend, Fake::Real);
         node.set(Op::Release, Fake::Real);
@@ -77,12 +80,11 @@ impl FakeNode {
         }
     }
 
-    /// From now on, says it orders and bounds its own calls, as a node's queue does: rounds
-    /// then neither gate nor time its calls.
-    pub(crate) fn set_pipelined(&self) {
-        self.inner
-            .pipelined
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+    /// From now on, fails a call with a time-out once it has taken `timeout`.
+    pub(crate) fn set_timeout(&self, timeout: Duration) {
+        if let Ok(mut t) = self.inner.timeout.lock() {
+            *t = timeout;
+        }
     }
 
     /// Answers every kind of request as `behaviour` says.
@@ -92,16 +94,13 @@ impl FakeNode {
         }
     }
 
-    pub(crate) fn seen(&self) -> Vec<Seen> {
+    /// The scripts it was asked to run, in order.
+    pub(crate) fn calls(&self) -> Vec<Op> {
         self.inner
             .seen
             .lock()
             .map(|s| s.clone())
             .unwrap_or_default()
-    }
-
-    pub(crate) fn calls(&self) -> Vec<Op> {
-        self.seen().iter().map(|s| s.op).collect()
     }
 
     /// The token at `key`, if it holds one that has not expired.
@@ -261,12 +260,6 @@ impl FakeNode {
 }
 
 impl Node for FakeNode {
-    fn pipelined(&self) -> bool {
-        self.inner
-            .pipelined
-            .load(std::sync::atomic::Ordering::SeqCst)
-    }
-
     fn call(&self, req: &Request) -> NodeCall {
         let behaviour = self
             .inner
@@ -275,19 +268,25 @@ impl Node for FakeNode {
             .ok()
             .and_then(|b| b.get(&req.op).copied())
             .unwrap_or(Fake::Real);
-        let (inner, req) = (Arc::clone(&self.inner), req.clone());
-        NodeCall::boxed(async move {
-            // Recorded when the call really starts (after any gate), not when it is made.
-            let slot = inner.seen.lock().ok().map(|mut s| {
-                s.push(Seen {
-                    op: req.op,
-                    started: Instant::now(),
-                    ended: None,
-                });
-                s.len() - 1
-            });
-            let result = match behaviour {
-                Fake::Real => Ok(inner.run(&req)),
+        let timeout = self
+            .inner
+            .timeout
+            .lock()
+            .map(|t| *t)
+            .unwrap_or(FAKE_TIMEOUT);
+        if let Ok(mut seen) = self.inner.seen.lock() {
+            seen.push(req.op);
+        }
+        // Run now, when the call is made, as a node's queue takes it in order: what a lock
+        // sends later runs after it, and it runs even if its caller stops waiting. The answer
+        // comes as the behaviour says.
+        let ran = match behaviour {
+            Fake::Real => Some(self.inner.run(req)),
+            Fake::Slow(_) => Some(self.inner.run(req).max(1)),
+            _ => None,
+        };
+        let call = async move {
+            match behaviour {
                 Fake::Grant => Ok(1),
                 Fake::Deny => Ok(0),
                 Fake::Fail => Err(NodeFailure::Reply(redis::RedisError::from((
@@ -296,14 +295,16 @@ impl Node for FakeNode {
                 )))),
                 Fake::Slow(d) => {
                     tokio::time::sleep(d).await;
-                    Ok(inner.run(&req).max(1))
+                    Ok(ran.unwrap_or(1))
                 }
+                Fake::Real => Ok(ran.unwrap_or(0)),
                 Fake::Never => std::future::pending().await,
-            };
-            if let (Some(slot), Ok(mut s)) = (slot, inner.seen.lock()) {
-                s[slot].ended = Some(Instant::now());
             }
-            result
+        };
+        NodeCall::boxed(async move {
+            tokio::time::timeout(timeout, call)
+                .await
+                .unwrap_or(Err(NodeFailure::Timeout(timeout)))
         })
     }
 

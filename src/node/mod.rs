@@ -1,7 +1,9 @@
 //! One lock server as the quorum logic sees it: the [`Node`] trait, the request it runs, and
 //! its Redis implementation. Unit tests run the same logic over fake nodes.
 
+mod advisory;
 mod batch;
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
 mod cached;
 #[cfg(feature = "cluster")]
 mod cluster;
@@ -12,7 +14,6 @@ pub(crate) mod fake;
 mod pipeline;
 mod redis;
 mod resend;
-mod script_call;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 
@@ -93,8 +94,10 @@ pub(crate) struct GuardedWrite {
     pub(crate) ttl_ms: u64,
 }
 
-/// A node call in flight ([`Node::call`]): on a node's own queue, the queue's answer itself
-/// (no allocation: a lock makes one call per node per round); otherwise a boxed future.
+/// A node call in flight ([`Node::call`]): the answer of the node's queue itself (no
+/// allocation: a lock makes one call per node per round), or a boxed future (a queue on a
+/// current-thread runtime, waited for with a watchdog; a request refused before it was
+/// queued; a fake node).
 pub(crate) enum NodeCall {
     /// Answered by a node's queue (`pipeline.rs`); a queue that stopped never answers.
     Queued(oneshot::Receiver<Result<i64, NodeFailure>>),
@@ -124,25 +127,20 @@ impl Future for NodeCall {
     }
 }
 
-/// A lock server. Real nodes are [`RedisNode`]s; unit tests use fakes that grant, deny, fail,
-/// are slow, or never answer.
+/// A lock server: one voter. Real nodes ([`RedisNode`], a Cluster's and a Sentinel group's
+/// voters) put every call on the node's one ordered queue (`pipeline.rs`); unit tests use
+/// fakes that grant, deny, fail, are slow, or never answer.
 pub(crate) trait Node: Send + Sync {
     /// Runs the request's script. The reply is the script's integer: for `Acquire` and
     /// `Extend` a positive number means granted and 0 means refused; for `Release` the number
-    /// of keys deleted. The future owns what it needs, so it can outlive the call; the caller
-    /// bounds it with the node timeout.
+    /// of keys deleted. The request is queued by the time this returns: it runs on the node
+    /// after every call made before it, and to its end even when the returned future is
+    /// dropped. The node bounds the call itself: `node_timeout` on the call in flight, not on
+    /// the wait in its queue behind others while the node answers.
     fn call(&self, req: &Request) -> NodeCall;
 
-    /// Whether this node queues its calls: they run in the order they were made, each one
-    /// to its end even when its future is dropped, and the node bounds each call's time
-    /// itself (`node_timeout` on the call in flight, not on the wait in its queue). The
-    /// quorum logic then neither gates a lock's calls on its earlier ones nor puts a timer on
-    /// them. Defaults to `false`: calls are independent futures.
-    fn pipelined(&self) -> bool {
-        false
-    }
-
-    /// Resolves once every call made before it has run (a pipelined node); at once otherwise.
+    /// Resolves once every call made before it has run (or failed), and the releases given up
+    /// on the way have been answered or have expired; at once on a node without a queue.
     fn flush(&self) -> BoxFuture<'static, ()> {
         Box::pin(std::future::ready(()))
     }

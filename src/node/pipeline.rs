@@ -1,6 +1,7 @@
-//! One queue per node: the requests of every lock for that node, served by one task that sends
-//! everything waiting as **one batched script call** (`scripts/batch.lua`) and hands each
-//! request its own reply.
+//! One queue per node (every kind of voter: a server, a Cluster, a Sentinel group): the
+//! requests of every lock for that node, served by one task that sends everything waiting as
+//! **one batched script call** (`scripts/batch.lua`; a Cluster's, one per hash slot) over the
+//! node's [`Link`] and hands each request its own reply.
 //!
 //! - With nothing in flight a request goes out at once; requests that arrive while a call is
 //!   in flight wait and go together in the next one ([`Batch`], capped so that no script runs
@@ -34,8 +35,7 @@ use tokio::runtime;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
-use super::batch::{Batch, Job};
-use super::connection::LazyConnection;
+use super::batch::{Batch, Job, Link};
 use super::resend::Resend;
 use super::{Op, Request, stopped};
 use crate::clock;
@@ -75,10 +75,10 @@ impl Progress {
 }
 
 impl Pipeline {
-    /// Starts the serving task, sending over `connection`, on the current runtime. Its log
-    /// lines carry the node's address `addr` (in a `redfence.node` span).
-    pub(crate) fn start(
-        connection: Arc<LazyConnection>,
+    /// Starts the serving task, sending over `link`, on the current runtime. Its log lines
+    /// carry the node's address `addr` (in a `redfence.node` span).
+    pub(super) fn start<L: Link>(
+        link: L,
         node_timeout: Duration,
         addr: &str,
         flavor: runtime::RuntimeFlavor,
@@ -90,7 +90,7 @@ impl Pipeline {
         let watched = flavor == runtime::RuntimeFlavor::CurrentThread;
         // Only a watched queue's progress is read: the others' task need not stamp it.
         let stamps = watched.then(|| Arc::clone(&progress));
-        let serving = serve(queue, connection, node_timeout, stamps);
+        let serving = serve(queue, link, node_timeout, stamps);
         tokio::spawn(serving.instrument(span));
         Pipeline {
             jobs,
@@ -187,9 +187,9 @@ impl Pipeline {
 }
 
 /// Serves the queue until every sender is gone and nothing is left to resend.
-async fn serve(
+async fn serve<L: Link>(
     mut queue: mpsc::Receiver<Job>,
-    connection: Arc<LazyConnection>,
+    mut link: L,
     timeout: Duration,
     progress: Option<Arc<Progress>>,
 ) {
@@ -253,12 +253,23 @@ async fn serve(
         if let Some(at) = tokio::time::Instant::from_std(clock::now()).checked_add(timeout) {
             deadline.as_mut().reset(at);
         }
-        let ran = batch.run(&connection, timeout, deadline.as_mut()).await;
+        let ran = batch
+            .run(
+                &mut link,
+                timeout,
+                deadline.as_mut(),
+                &mut resend.jobs,
+                &mut resend.flushes,
+            )
+            .await;
         if let Some(progress) = &progress {
             progress.mark();
         }
         match ran {
-            Ok(()) => resend.answered(),
+            Ok(true) => resend.answered(),
+            // Some requests failed alone (a hung member of a Cluster): what they leave to
+            // send again waits for the pause.
+            Ok(false) => resend.failed(),
             Err(failure) => {
                 batch.fail(&failure, &mut resend.jobs, &mut resend.flushes);
                 resend.failed();

@@ -1,4 +1,5 @@
-//! One Redis master: the lock scripts over a lazy, shared `LazyConnection`.
+//! One Redis master: its lock calls on the node's queue ([`Queue`], which every kind of voter
+//! uses), sent over a lazy, shared `LazyConnection`.
 
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
@@ -7,13 +8,14 @@ use futures::future::BoxFuture;
 use redis::Client;
 use tokio_util::task::TaskTracker;
 
+use super::batch::{Link, ServerLink};
 use super::connection::LazyConnection;
 use super::pipeline::Pipeline;
-use super::{Advice, Advisory, Node, NodeCall, Request, script_call};
+use super::{Advice, Advisory, Node, NodeCall, Request, advisory};
 use crate::error::NodeFailure;
 
-/// A Redis master. Every lock's lock calls go through the node's one queue, which sends them
-/// batched over redis-rs's multiplexed connection (whatever the address: TCP, TLS, a Unix
+/// A Redis master. Every lock's lock calls go through the node's one [`Queue`], which sends
+/// them batched over redis-rs's multiplexed connection (whatever the address: TCP, TLS, a Unix
 /// socket); the advisory calls (`inspect`, guarded writes, `CONFIG GET`) use the same
 /// connection. It is made on first use, inside the caller's runtime, and remade after
 /// failures.
@@ -21,25 +23,23 @@ use crate::error::NodeFailure;
 pub(crate) struct RedisNode {
     addr: String,
     shared: Arc<LazyConnection>,
-    node_timeout: Duration,
-    /// The node's request queue, started inside the runtime of the first call.
-    pipeline: Arc<OnceLock<Arc<Pipeline>>>,
-    /// The queue started again on a caller's runtime, once the first one's runtime shut down.
-    restarted: Arc<Mutex<Option<Arc<Pipeline>>>>,
+    queue: Queue,
 }
 
 impl RedisNode {
     pub(crate) fn new(client: Client, node_timeout: Duration, tasks: TaskTracker) -> Self {
         let info = client.get_connection_info();
         let addr = format!("{}/{}", info.addr(), info.redis_settings().db());
+        let shared =
+            Arc::new(LazyConnection::new(client, connect_timeout(node_timeout)).tracked_by(tasks));
+        let connection = Arc::clone(&shared);
+        let queue = Queue::new(&addr, node_timeout, move || {
+            ServerLink::new(Arc::clone(&connection))
+        });
         RedisNode {
             addr,
-            shared: Arc::new(
-                LazyConnection::new(client, connect_timeout(node_timeout)).tracked_by(tasks),
-            ),
-            node_timeout,
-            pipeline: Arc::default(),
-            restarted: Arc::default(),
+            shared,
+            queue,
         }
     }
 
@@ -47,11 +47,46 @@ impl RedisNode {
     pub(crate) fn pubsub_client(&self) -> Client {
         self.shared.client().clone()
     }
+}
+
+/// Starts a node's serving task on a runtime (see [`Queue`]).
+type Starter = dyn Fn(&tokio::runtime::Handle) -> Pipeline + Send + Sync;
+
+/// A node's request queue, for every kind of voter: started on the runtime of the node's
+/// first call, and started again on a caller's runtime once that one shut down. Requests the
+/// old queue had not sent were answered with its failure; nothing they held is lost, since an
+/// unsent acquire never landed.
+#[derive(Clone)]
+pub(super) struct Queue {
+    /// The node's request queue, started inside the runtime of the first call.
+    pipeline: Arc<OnceLock<Arc<Pipeline>>>,
+    /// The queue started again on a caller's runtime, once the first one's runtime shut down.
+    restarted: Arc<Mutex<Option<Arc<Pipeline>>>>,
+    start: Arc<Starter>,
+}
+
+impl Queue {
+    /// A queue (not started yet) whose serving task sends over a link made by `link`; calls
+    /// in flight are bounded by `node_timeout`, log lines carry `addr`.
+    pub(super) fn new<L: Link>(
+        addr: &str,
+        node_timeout: Duration,
+        link: impl Fn() -> L + Send + Sync + 'static,
+    ) -> Self {
+        let addr = addr.to_owned();
+        let start = move |runtime: &tokio::runtime::Handle| {
+            Pipeline::start(link(), node_timeout, &addr, runtime.runtime_flavor())
+        };
+        Queue {
+            pipeline: Arc::default(),
+            restarted: Arc::default(),
+            start: Arc::new(start),
+        }
+    }
 
     /// Runs `submit` on the node's request queue: the first one, started on first use (inside
     /// a Tokio runtime), while its runtime runs; after that runtime shut down, one started
-    /// again on the caller's. Requests the old queue had not sent were answered with its
-    /// failure; nothing they held is lost, since an unsent acquire never landed.
+    /// again on the caller's.
     fn with_pipeline<R>(&self, submit: impl FnOnce(&Arc<Pipeline>) -> R) -> Result<R, NodeFailure> {
         // The usual path, lock-free: the first queue, still served.
         if let Some(first) = self.pipeline.get()
@@ -67,7 +102,10 @@ impl RedisNode {
         };
         if self.pipeline.get().is_none() {
             // First use.
-            return Ok(submit(self.pipeline.get_or_init(|| self.start(&runtime))));
+            return Ok(submit(
+                self.pipeline
+                    .get_or_init(|| Arc::new((self.start)(&runtime))),
+            ));
         }
         let mut restarted = self
             .restarted
@@ -75,7 +113,7 @@ impl RedisNode {
             .unwrap_or_else(PoisonError::into_inner);
         match restarted.as_ref() {
             Some(pipeline) if !pipeline.is_closed() => Ok(submit(pipeline)),
-            _ => Ok(submit(restarted.insert(self.start(&runtime)))),
+            _ => Ok(submit(restarted.insert(Arc::new((self.start)(&runtime))))),
         }
     }
 
@@ -91,25 +129,8 @@ impl RedisNode {
         }
     }
 
-    /// A new request queue on `runtime`.
-    fn start(&self, runtime: &tokio::runtime::Handle) -> Arc<Pipeline> {
-        Arc::new(Pipeline::start(
-            Arc::clone(&self.shared),
-            self.node_timeout,
-            &self.addr,
-            runtime.runtime_flavor(),
-        ))
-    }
-}
-
-/// How long a connect (with its handshake) may take: at least a second, whatever the node
-/// timeout, because connecting is not on any lock's critical path.
-pub(super) fn connect_timeout(node_timeout: Duration) -> Duration {
-    node_timeout.max(Duration::from_secs(1))
-}
-
-impl Node for RedisNode {
-    fn call(&self, req: &Request) -> NodeCall {
+    /// Queues `req` ([`Node::call`]).
+    pub(super) fn call(&self, req: &Request) -> NodeCall {
         let queued = self.with_pipeline(|pipeline| {
             let answer = pipeline.submit(req.clone())?;
             Ok::<_, NodeFailure>((answer, pipeline.watched().then(|| Arc::clone(pipeline))))
@@ -123,17 +144,30 @@ impl Node for RedisNode {
         }
     }
 
-    fn pipelined(&self) -> bool {
-        true
-    }
-
-    fn flush(&self) -> BoxFuture<'static, ()> {
+    /// Resolves once every request queued before it has run ([`Node::flush`]).
+    pub(super) fn flush(&self) -> BoxFuture<'static, ()> {
         let pipeline = self.current();
         Box::pin(async move {
             if let Some(pipeline) = pipeline {
                 pipeline.flush().await;
             }
         })
+    }
+}
+
+/// How long a connect (with its handshake) may take: at least a second, whatever the node
+/// timeout, because connecting is not on any lock's critical path.
+pub(super) fn connect_timeout(node_timeout: Duration) -> Duration {
+    node_timeout.max(Duration::from_secs(1))
+}
+
+impl Node for RedisNode {
+    fn call(&self, req: &Request) -> NodeCall {
+        self.queue.call(req)
+    }
+
+    fn flush(&self) -> BoxFuture<'static, ()> {
+        self.queue.flush()
     }
 
     fn advise(&self, advisory: Advisory) -> BoxFuture<'static, Result<Advice, NodeFailure>> {
@@ -142,15 +176,15 @@ impl Node for RedisNode {
             let mut conn = shared.connection().await?;
             Ok(match advisory {
                 Advisory::Inspect { keys, delete } => {
-                    Advice::Keys(script_call::inspect(&mut conn, &keys, delete).await?)
+                    Advice::Keys(advisory::inspect(&mut conn, &keys, delete).await?)
                 }
                 Advisory::WriteIfHeld(write) => {
-                    Advice::Written(script_call::write_if_held(&mut conn, &write).await?)
+                    Advice::Written(advisory::write_if_held(&mut conn, &write).await?)
                 }
                 Advisory::EvictionPolicy => {
-                    Advice::EvictionPolicy(script_call::eviction_policy(&mut conn).await?)
+                    Advice::EvictionPolicy(advisory::eviction_policy(&mut conn).await?)
                 }
-                Advisory::RunId => Advice::RunId(script_call::run_id(&mut conn).await?),
+                Advisory::RunId => Advice::RunId(advisory::run_id(&mut conn).await?),
             })
         })
     }

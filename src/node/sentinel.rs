@@ -1,26 +1,57 @@
-//! A Sentinel-managed master as one voter: the current master is resolved through the
-//! sentinels, and resolved again after any failure of its connection (a failover demotes it:
-//! `READONLY`; it refuses writes: `NOREPLICAS`) or a call it did not answer in time, each
-//! request being one script call.
+//! A Sentinel-managed master as one voter: the node's queue ([`Queue`]) sends its batches to
+//! the current master, resolved through the sentinels, and resolved again after a failure of
+//! its connection (a failover demotes it: `READONLY`; it refuses writes: `NOREPLICAS`) or
+//! once calls have gone unanswered for [`PATIENCE`].
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
-use redis::aio::MultiplexedConnection;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::{SentinelClient, SentinelServerType};
-use redis::{AsyncConnectionConfig, RedisError};
+use redis::{AsyncConnectionConfig, Cmd, RedisError, RedisFuture, Value};
 use tokio::sync::Mutex;
+use tokio::time::{Instant, Sleep};
 
-use super::{Advice, Advisory, Node, NodeCall, Request, advice, cached, script_call};
+use super::batch::{Link, PATIENCE, Replies, Run, evalsha, write_script};
+use super::redis::Queue;
+use super::{Advice, Advisory, Node, NodeCall, Request, advice, advisory, cached};
 use crate::error::NodeFailure;
 
 /// The master named `master` in a Sentinel group, voting once.
 pub(crate) struct SentinelNode {
     addr: String,
     shared: Arc<Shared>,
+    queue: Queue,
+}
+
+/// The master's connection, and the address the sentinels named it at.
+#[derive(Clone)]
+struct Master {
+    addr: Arc<str>,
+    conn: MultiplexedConnection,
+}
+
+impl ConnectionLike for Master {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        self.conn.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        self.conn.req_packed_commands(cmd, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.conn.get_db()
+    }
 }
 
 struct Shared {
@@ -29,16 +60,15 @@ struct Shared {
     /// connections and never answers) costs its connect and response timeouts (1 s and
     /// 0.5 s) before the next one counts, and that takes the whole of a short connect bound.
     clients: Arc<[Arc<Mutex<SentinelClient>>]>,
-    conn: cached::Cached<MultiplexedConnection>,
+    conn: cached::Cached<Master>,
     /// How the master connection is made: `connect_timeout` bounds connecting.
     config: AsyncConnectionConfig,
-    node_timeout: Duration,
 }
 
 impl SentinelNode {
     /// A voter over the master `master` that the sentinels at `sentinels` watch; `addr`
-    /// names it in messages; calls wait `node_timeout` for the master. Nothing is connected
-    /// yet.
+    /// names it in messages; a call in flight waits `node_timeout` for the master. Nothing is
+    /// connected yet.
     pub(crate) fn new(
         sentinels: Vec<redis::ConnectionInfo>,
         master: String,
@@ -61,35 +91,53 @@ impl SentinelNode {
                 Ok(Arc::new(Mutex::new(client)))
             })
             .collect::<Result<_, RedisError>>()?;
+        let shared = Arc::new(Shared {
+            clients,
+            conn: cached::Cached::new(connect_timeout),
+            config: AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(connect_timeout))
+                // Every call is bounded by node_timeout; a response timeout would only race it.
+                .set_response_timeout(None),
+        });
+        let link_shared = Arc::clone(&shared);
+        let queue = Queue::new(&addr, node_timeout, move || SentinelLink {
+            shared: Arc::clone(&link_shared),
+            script: Cmd::new(),
+            stalled_since: None,
+            generation: 0,
+        });
         Ok(SentinelNode {
             addr,
-            shared: Arc::new(Shared {
-                clients,
-                conn: cached::Cached::new(connect_timeout),
-                config: AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(connect_timeout))
-                    // Every call is bounded by node_timeout; a response timeout would only
-                    // race it.
-                    .set_response_timeout(None),
-                node_timeout,
-            }),
+            shared,
+            queue,
         })
     }
 }
 
-impl script_call::Connector for Shared {
-    type Conn = MultiplexedConnection;
-
-    fn node_timeout(&self) -> Duration {
-        self.node_timeout
+impl Shared {
+    /// Asks the sentinels again, in the background, and puts a connection to the master they
+    /// name in place of the connection of `generation`, `current` (see
+    /// [`Cached::renew`](cached::Cached::renew)) if that master is another server; when they
+    /// still name the same one, the connection is kept (a new one could run a call before
+    /// those still waiting in the old one).
+    fn renew(&self, generation: u64, current: Arc<str>) {
+        let (clients, config) = (Arc::clone(&self.clients), self.config.clone());
+        self.conn.renew(generation, move || async move {
+            let master = first_master(clients, config, Some(current)).await?;
+            Ok(master)
+        });
     }
+}
+
+impl advisory::Connector for Shared {
+    type Conn = Master;
 
     /// The cached master connection, or a new one through the sentinels (asking them,
     /// checking the master's `ROLE`, connecting), made in a task of its own.
-    async fn connection(&self) -> Result<(u64, MultiplexedConnection), RedisError> {
+    async fn connection(&self) -> Result<(u64, Master), RedisError> {
         let (clients, config) = (Arc::clone(&self.clients), self.config.clone());
         self.conn
-            .get_or_make(move || first_master(clients, config))
+            .get_or_make(move || first_master(clients, config, None))
             .await
     }
 
@@ -108,36 +156,95 @@ impl script_call::Connector for Shared {
             self.conn.forget(generation).await;
         }
     }
+}
 
-    /// A master that does not answer within `node_timeout` may be hung, or cut off and
-    /// replaced by a failover: the next call asks the sentinels again. (The connection has no
-    /// response timeout of its own, so without this a hung master would be kept until TCP
-    /// gives up, many minutes later.) When the connection is being made right now, that
-    /// attempt stands.
-    fn given_up(&self, generation: u64) {
-        self.conn.try_forget(generation);
+/// A Sentinel voter's link: the batch as one `EVALSHA` on the master's connection.
+///
+/// A master that hangs is kept: its connection carries the calls made before, and a call
+/// sent now goes behind them, so when it resumes a release runs after its acquire. Only once
+/// calls have gone unanswered for [`PATIENCE`] are the sentinels asked again (they may have
+/// promoted a replica by then); the connection is replaced only if they name another server.
+struct SentinelLink {
+    shared: Arc<Shared>,
+    /// The call being sent, kept for the next batch's (its allocation reused).
+    script: Cmd,
+    /// Since when calls on the connection of `generation` have gone unanswered.
+    stalled_since: Option<Instant>,
+    generation: u64,
+}
+
+impl Link for SentinelLink {
+    async fn send<'a>(
+        &'a mut self,
+        runs: &'a [Run],
+        timeout: Duration,
+        deadline: Pin<&'a mut Sleep>,
+    ) -> Result<Replies, NodeFailure> {
+        use advisory::Connector as _;
+        write_script(runs.iter(), &mut self.script);
+        let at = deadline.deadline();
+        let (generation, mut master) =
+            match tokio::time::timeout_at(at, self.shared.connection()).await {
+                Ok(made) => made?,
+                Err(_) => return Err(NodeFailure::Timeout(timeout)),
+            };
+        if generation != self.generation {
+            self.generation = generation;
+            self.stalled_since = None;
+        }
+        match tokio::time::timeout_at(at, evalsha(&self.script, &mut master)).await {
+            Ok(Ok(replies)) => {
+                self.stalled_since = None;
+                Ok(Replies::All(replies))
+            }
+            Ok(Err(err)) => {
+                self.stalled_since = None;
+                self.shared.forget_after(&err, generation).await;
+                Err(err.into())
+            }
+            Err(_) => {
+                let now = Instant::now();
+                let since = *self.stalled_since.get_or_insert(now);
+                if now.duration_since(since) >= PATIENCE {
+                    tracing::debug!(
+                        "the master has not answered for the patience window; asking the sentinels again"
+                    );
+                    self.shared.renew(generation, master.addr);
+                }
+                Err(NodeFailure::Timeout(timeout))
+            }
+        }
     }
 }
 
 /// Asks every sentinel at once (one client each) for the master and connects to it: the
 /// first sentinel whose master answers as a master wins, and the others are dropped (a hung
 /// one included). When all fail, an error about a master a sentinel named (a refused login,
-/// a master that is not one) is kept over a sentinel that does not know the name.
+/// a master that is not one) is kept over a sentinel that does not know the name. A master at
+/// `not_at` (the one connected already) is an error: no new connection is made to it.
 async fn first_master(
     clients: Arc<[Arc<Mutex<SentinelClient>>]>,
     config: AsyncConnectionConfig,
-) -> Result<MultiplexedConnection, RedisError> {
+    not_at: Option<Arc<str>>,
+) -> Result<Master, RedisError> {
     let mut asked: FuturesUnordered<_> = clients
         .iter()
         .cloned()
         .map(|client| {
-            let config = config.clone();
+            let (config, not_at) = (config.clone(), not_at.clone());
             async move {
-                client
-                    .lock()
-                    .await
-                    .get_async_connection_with_config(&config)
-                    .await
+                let client = client.lock().await.async_get_client().await?;
+                let addr: Arc<str> = client.get_connection_info().addr().to_string().into();
+                if not_at.as_deref() == Some(&*addr) {
+                    return Err(RedisError::from((
+                        redis::ErrorKind::Io,
+                        "the sentinels still name the master connected to",
+                    )));
+                }
+                let conn = client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?;
+                Ok(Master { addr, conn })
             }
         })
         .collect();
@@ -168,24 +275,28 @@ fn no_sentinel() -> RedisError {
 
 impl Node for SentinelNode {
     fn call(&self, req: &Request) -> NodeCall {
-        NodeCall::Boxed(script_call::call(&self.shared, req))
+        self.queue.call(req)
+    }
+
+    fn flush(&self) -> BoxFuture<'static, ()> {
+        self.queue.flush()
     }
 
     fn advise(&self, advisory: Advisory) -> BoxFuture<'static, Result<Advice, NodeFailure>> {
         match advisory {
             Advisory::Inspect { keys, delete } => advice(
-                script_call::inspect_on(&self.shared, keys, delete),
+                advisory::inspect_on(&self.shared, keys, delete),
                 Advice::Keys,
             ),
             Advisory::WriteIfHeld(write) => advice(
-                script_call::write_if_held_on(&self.shared, &write),
+                advisory::write_if_held_on(&self.shared, &write),
                 Advice::Written,
             ),
             Advisory::EvictionPolicy => advice(
-                script_call::eviction_policy_on(&self.shared),
+                advisory::eviction_policy_on(&self.shared),
                 Advice::EvictionPolicy,
             ),
-            Advisory::RunId => advice(script_call::run_id_on(&self.shared), Advice::RunId),
+            Advisory::RunId => advice(advisory::run_id_on(&self.shared), Advice::RunId),
         }
     }
 

@@ -134,6 +134,19 @@ impl SentinelGroup {
         assert!(status.success(), "kill -STOP {pid}");
     }
 
+    /// Makes every sentinel wait `ms` before it calls the master down (1 s at start): a
+    /// test that pauses the master for longer than a second without a failover.
+    pub fn set_down_after(&self, ms: u64) {
+        let ms = ms.to_string();
+        for i in 0..self.sentinels.len() {
+            let set: Option<String> = self.query(
+                i,
+                &["SENTINEL", "SET", MASTER, "down-after-milliseconds", &ms],
+            );
+            assert!(set.is_some(), "SENTINEL SET on sentinel {i}");
+        }
+    }
+
     fn wait_for_promotion(&self) {
         let replica = self.servers.port(1);
         self.wait_until(|g| g.master_port() == Some(replica) && role(&g.servers, 1) == "master");

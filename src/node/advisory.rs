@@ -1,6 +1,7 @@
-//! One request as one script call (`EVALSHA`, loading the script on `NOSCRIPT`) on any
-//! connection: what the node kinds without batching (cluster, sentinel) send, and the
-//! advisory calls every node kind makes (inspect, eviction policy, guarded write).
+//! The advisory calls every kind of node makes outside its queue (inspect, eviction policy,
+//! guarded write, run id), each one script or command (`EVALSHA`, loading the script on
+//! `NOSCRIPT`) on any connection, and, for the voters found through others (Cluster,
+//! Sentinel), the [`Connector`] they make them on.
 
 use std::future::Future;
 use std::sync::{Arc, LazyLock};
@@ -9,43 +10,15 @@ use futures::future::BoxFuture;
 use redis::aio::ConnectionLike;
 use redis::{RedisError, Script};
 
-use super::{GuardedWrite, KeyRow, Op, Request};
+use super::{GuardedWrite, KeyRow};
 use crate::error::NodeFailure;
-use crate::guard::DropGuard;
 
-static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
-static EXTEND: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/extend.lua")));
-static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/release.lua")));
 static INSPECT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/inspect.lua")));
 static FORCE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/force_release.lua")));
 static WRITE_IF_HELD: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/write_if_held.lua")));
-
-/// Runs `req`'s script on `conn` and returns its integer reply.
-#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
-pub(crate) async fn run<C: ConnectionLike + Send>(
-    conn: &mut C,
-    req: &Request,
-) -> Result<i64, redis::RedisError> {
-    let script: &Script = match req.op {
-        Op::Acquire => &ACQUIRE,
-        Op::Extend => &EXTEND,
-        Op::Release => &RELEASE,
-        // These voters have no fair queue (`build()` refuses fair mode over them).
-        Op::Leave => return Ok(0),
-    };
-    let mut invocation = script.prepare_invoke();
-    invocation.key(&*req.keys).arg(&*req.token);
-    if req.op != Op::Release {
-        invocation.arg(req.ttl_ms);
-    }
-    invocation.invoke_async(conn).await
-}
 
 /// Reads (and with `delete`, deletes) `keys` on `conn`, as [`Node::inspect`](super::Node::inspect).
 pub(crate) async fn inspect<C: ConnectionLike + Send>(
@@ -120,64 +93,34 @@ pub(crate) async fn write_if_held<C: ConnectionLike + Send>(
     Ok(written == 1)
 }
 
-/// Where a node that sends one script per request (a cluster or a Sentinel voter) gets its
-/// connection, and when it drops it.
+/// Where a voter found through others (a Cluster, a Sentinel group) gets the connection its
+/// advisory calls use, and when it drops it.
 #[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
 pub(crate) trait Connector: Send + Sync + 'static {
-    /// The connection the scripts run on.
+    /// The connection the calls run on.
     type Conn: ConnectionLike + Send;
 
-    /// The shared connection, made on first use, with its generation (see
-    /// [`given_up`](Self::given_up)).
+    /// The shared connection, made on first use, with its generation.
     fn connection(&self) -> impl Future<Output = Result<(u64, Self::Conn), RedisError>> + Send;
 
     /// Drops the connection of `generation` (if still the current one) after `err`, if it is
     /// a failure this kind of node recovers from only by connecting afresh.
     fn forget_after(&self, err: &RedisError, generation: u64) -> impl Future<Output = ()> + Send;
-
-    /// How long a call waits for the server (the lock manager's `node_timeout`).
-    fn node_timeout(&self) -> std::time::Duration;
-
-    /// A call on the connection of `generation` was given up before its answer, after at least
-    /// half its `node_timeout` (the timeout passed, or its caller cancelled it late): the
-    /// server may be hung, and this kind of node may recover only by connecting afresh (see
-    /// [`Cached::try_forget`](super::cached::Cached::try_forget) and
-    /// [`Cached::renew`](super::cached::Cached::renew)). A call its caller cancelled sooner (a
-    /// `select!` or a short timeout around `acquire`) says nothing about the server and is not
-    /// reported. Must not block (it runs on drop).
-    fn given_up(&self, _generation: u64) {}
 }
 
-/// Runs `op` on `connector`'s connection and reports its failure to the connector, a call
-/// dropped before its answer included.
+/// Runs `op` on `connector`'s connection and reports its failure to the connector.
+#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
 pub(crate) async fn on<C: Connector, T>(
     connector: &C,
     op: impl AsyncFnOnce(&mut C::Conn) -> Result<T, RedisError>,
 ) -> Result<T, NodeFailure> {
     // A connect that failed left nothing to forget.
     let (generation, mut conn) = connector.connection().await?;
-    let sent = tokio::time::Instant::now();
-    let mut abandoned = DropGuard::new((connector, generation, sent), |(c, generation, sent)| {
-        if sent.elapsed() >= c.node_timeout() / 2 {
-            c.given_up(*generation);
-        }
-    });
     let result = op(&mut conn).await;
-    abandoned.disarm();
     if let Err(err) = &result {
         connector.forget_after(err, generation).await;
     }
     Ok(result?)
-}
-
-/// [`Node::call`](super::Node::call) over a [`Connector`].
-#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
-pub(crate) fn call<C: Connector>(
-    connector: &Arc<C>,
-    req: &Request,
-) -> BoxFuture<'static, Result<i64, NodeFailure>> {
-    let (connector, req) = (Arc::clone(connector), req.clone());
-    Box::pin(async move { on(&*connector, async |conn| run(conn, &req).await).await })
 }
 
 /// [`Node::inspect`](super::Node::inspect) over a [`Connector`].
