@@ -88,8 +88,8 @@ pub struct RunArgs {
     #[arg(long, value_parser = duration, value_name = "DURATION")]
     pub max_hold: Option<Duration>,
 
-    /// The grace between SIGTERM and SIGKILL when the lock is lost (at most what is left of
-    /// the lease)
+    /// The grace between SIGTERM and SIGKILL when the lock is lost or the hold ends, and for
+    /// what the command leaves running when it exits (at most what is left of the lease)
     #[arg(long, default_value = "10s", value_parser = duration, value_name = "DURATION")]
     pub kill_after: Duration,
 
@@ -106,7 +106,8 @@ pub struct RunArgs {
     pub shell: bool,
 
     /// The command and its arguments, after `--`. It gets REDFENCE_RESOURCES (comma-separated),
-    /// REDFENCE_TTL_MS and, with --fencing, REDFENCE_FENCE
+    /// REDFENCE_TTL_MS and, with --fencing, REDFENCE_FENCE. On Linux every process it starts is
+    /// followed, in its process group or out of it, and stopped before the lock is released
     #[arg(required = true, last = true, value_name = "CMD")]
     pub command: Vec<OsString>,
 }
