@@ -24,6 +24,10 @@ use crate::signals;
 #[cfg(target_os = "linux")]
 use crate::tree;
 
+/// The variables of redfence's own environment that may hold a URL with a password (the
+/// nodes, the fencing counter): the job does not get them unless `--pass-env` is given.
+pub const SECRET_ENV: [&str; 2] = ["REDFENCE_NODES", "REDFENCE_FENCING"];
+
 /// What to run, and how.
 #[derive(Debug)]
 pub struct Spec {
@@ -42,6 +46,8 @@ pub struct LockEnv<'a> {
     pub resources: &'a [String],
     /// The TTL in milliseconds (`REDFENCE_TTL_MS`).
     pub ttl_ms: u128,
+    /// Whether the job keeps redfence's [`SECRET_ENV`] variables (`--pass-env`).
+    pub pass_env: bool,
 }
 
 /// The command running under the lock.
@@ -91,6 +97,11 @@ impl Job {
             .env("REDFENCE_TTL_MS", env.ttl_ms.to_string())
             .env_remove("REDFENCE_FENCE")
             .kill_on_drop(true);
+        if !env.pass_env {
+            for name in SECRET_ENV {
+                command.env_remove(name);
+            }
+        }
         if let Some(fence) = env.fence {
             command.env("REDFENCE_FENCE", fence.to_string());
         }
