@@ -53,19 +53,15 @@ pub fn descendants() -> Vec<Process> {
 
 /// Reaps redfence's own children that have exited, except `keep` (the job's first process,
 /// which tokio waits for): orphans re-parented to redfence.
+#[cfg(target_os = "linux")]
 pub fn reap_exited_children(keep: Pid) {
-    #[cfg(target_os = "linux")]
-    {
-        use nix::sys::wait::{WaitPidFlag, waitpid};
-        let own = nix::unistd::getpid();
-        for process in descendants() {
-            if process.parent == own && !process.alive && process.pid != keep {
-                let _ = waitpid(process.pid, Some(WaitPidFlag::WNOHANG));
-            }
+    use nix::sys::wait::{WaitPidFlag, waitpid};
+    let own = nix::unistd::getpid();
+    for process in descendants() {
+        if process.parent == own && !process.alive && process.pid != keep {
+            let _ = waitpid(process.pid, Some(WaitPidFlag::WNOHANG));
         }
     }
-    #[cfg(not(target_os = "linux"))]
-    let _ = keep;
 }
 
 /// Every process whose `/proc/<pid>/stat` could be read.
@@ -136,6 +132,7 @@ fn parse_stat(line: &str) -> Option<Process> {
 mod tests {
     use super::*;
 
+    #[cfg(target_os = "linux")]
     fn process(pid: i32, parent: i32) -> Process {
         Process {
             pid: Pid::from_raw(pid),
