@@ -1,21 +1,32 @@
 //! The command run under the lock: spawn it (in a process group of its own, unless run in a
 //! terminal's foreground), forward signals, stop all of it, read its exit code.
+//!
+//! Everything redfence starts is the job: on Linux every descendant of redfence (it is their
+//! subreaper, so they stay its descendants when their parents exit, whatever group or session
+//! they moved to); elsewhere the job's process group. How the job is signalled and stopped is
+//! in `stop.rs`.
+
+mod stop;
 
 use std::ffi::OsString;
 use std::io::ErrorKind;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
-use std::time::Duration;
 
-use nix::errno::Errno;
-use nix::sys::signal::{Signal as Sig, kill, killpg};
-use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::sys::signal::Signal as Sig;
+#[cfg(target_os = "linux")]
+use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::{Pid, getpgrp, tcgetpgrp};
 use tokio::process::{Child, Command};
-use tokio::time::Instant;
 
 use crate::exit::{self, Failure};
 use crate::signals;
+#[cfg(target_os = "linux")]
+use crate::tree;
+
+/// The variables of redfence's own environment that may hold a URL with a password (the
+/// nodes, the fencing counter): the job does not get them unless `--pass-env` is given.
+pub const SECRET_ENV: [&str; 2] = ["REDFENCE_NODES", "REDFENCE_FENCING"];
 
 /// What to run, and how.
 #[derive(Debug)]
@@ -35,16 +46,19 @@ pub struct LockEnv<'a> {
     pub resources: &'a [String],
     /// The TTL in milliseconds (`REDFENCE_TTL_MS`).
     pub ttl_ms: u128,
+    /// Whether the job keeps redfence's [`SECRET_ENV`] variables (`--pass-env`).
+    pub pass_env: bool,
 }
 
 /// The command running under the lock.
 ///
 /// Run from cron, systemd or in the background (no controlling terminal, or not its
-/// foreground), it gets a process group of its own, and everything in that group is the job:
-/// signals reach all of it, and what it leaves running is stopped before the lock is
-/// released. Run in the foreground of a terminal, it stays in redfence's group, so that job
-/// control works as for any command (Ctrl-C and Ctrl-Z reach both, the job can use the
-/// terminal); only its first process is signalled and followed.
+/// foreground), it gets a process group of its own. Run in the foreground of a terminal, it
+/// stays in redfence's group, so that job control works as for any command (Ctrl-C and Ctrl-Z
+/// reach both, the job can use the terminal). Either way, on Linux, every descendant of
+/// redfence is the job: signals reach all of it, and what it leaves running is stopped before
+/// the lock is released. Elsewhere the job is its process group (or, in a terminal's
+/// foreground, its first process).
 #[derive(Debug)]
 pub struct Job {
     child: Child,
@@ -52,7 +66,7 @@ pub struct Job {
     leader: Pid,
     /// The job's own process group (the leader's id), when it has one.
     group: Option<Pid>,
-    /// Whether nothing of the group is left (or it has none): nothing to kill on drop.
+    /// Whether nothing of the job is left: nothing to kill on drop.
     settled: bool,
 }
 
@@ -83,6 +97,11 @@ impl Job {
             .env("REDFENCE_TTL_MS", env.ttl_ms.to_string())
             .env_remove("REDFENCE_FENCE")
             .kill_on_drop(true);
+        if !env.pass_env {
+            for name in SECRET_ENV {
+                command.env_remove(name);
+            }
+        }
         if let Some(fence) = env.fence {
             command.env("REDFENCE_FENCE", fence.to_string());
         }
@@ -111,7 +130,7 @@ impl Job {
             child,
             leader,
             group: own_group.then_some(leader),
-            settled: !own_group,
+            settled: false,
         })
     }
 
@@ -129,103 +148,6 @@ impl Job {
         self.child.try_wait().ok().flatten()
     }
 
-    /// Passes on a signal redfence received. In a terminal's foreground the job shares
-    /// redfence's process group, and INT, QUIT and HUP come to the whole group (Ctrl-C,
-    /// Ctrl-\\, the terminal hanging up): the job already has its own, and a second one would
-    /// read as "abort the cleanup" to many programs. Those are not passed on there.
-    pub fn forward(&self, signal: Sig) {
-        if self.group.is_none()
-            && matches!(signal, Sig::SIGINT | Sig::SIGQUIT | Sig::SIGHUP)
-            && in_terminal_foreground()
-        {
-            tracing::debug!(
-                ?signal,
-                "the terminal sent it to the command too: not forwarded"
-            );
-            return;
-        }
-        tracing::info!(?signal, "forwarding to the command");
-        self.signal(signal);
-    }
-
-    /// Sends `signal` to the job (its group, or its first process), then SIGCONT: a stopped
-    /// job (SIGSTOP, or SIGTTIN for reading a terminal it does not own) would otherwise
-    /// keep the signal pending, and the lock, for good.
-    pub fn signal(&self, signal: Sig) {
-        self.send(signal);
-        if !matches!(signal, Sig::SIGKILL | Sig::SIGCONT) {
-            self.send(Sig::SIGCONT);
-        }
-    }
-
-    fn send(&self, signal: Sig) {
-        let sent = match self.group {
-            Some(group) => killpg(group, signal),
-            None => kill(self.leader, signal),
-        };
-        match sent {
-            Ok(()) | Err(Errno::ESRCH) => {}
-            Err(err) => tracing::debug!(%err, ?signal, "could not signal the command"),
-        }
-    }
-
-    /// Stops the job: SIGTERM to all of it, SIGKILL to whatever is left after `grace`;
-    /// returns the exit status of its first process.
-    pub async fn terminate(&mut self, grace: Duration) -> Result<ExitStatus, Failure> {
-        let deadline = Instant::now() + grace;
-        self.signal(Sig::SIGTERM);
-        let status = match tokio::time::timeout_at(deadline, self.wait()).await {
-            Ok(status) => status?,
-            Err(_) => {
-                tracing::warn!(
-                    ?grace,
-                    "the command did not stop on SIGTERM; sending SIGKILL"
-                );
-                self.send(Sig::SIGKILL);
-                // A process stuck in the kernel (a hung NFS mount) outlives SIGKILL: give up on
-                // it after a second, as on the rest of the group, instead of waiting for good.
-                match tokio::time::timeout(AFTER_SIGKILL, self.wait()).await {
-                    Ok(status) => status?,
-                    Err(_) => {
-                        return Err(Failure::new(
-                            exit::LOST,
-                            "the lock was lost while the command ran, and the command was still \
-                             there a second after SIGKILL",
-                        ));
-                    }
-                }
-            }
-        };
-        self.stop_the_rest(deadline.saturating_duration_since(Instant::now()))
-            .await;
-        Ok(status)
-    }
-
-    /// After the job's first process exited: stops whatever is left of its group, with
-    /// SIGTERM and, after `grace`, SIGKILL, and waits until none is left. Gives up (with a
-    /// warning) a second after SIGKILL: a process stuck in the kernel cannot be waited for.
-    pub async fn stop_the_rest(&mut self, grace: Duration) {
-        let Some(group) = self.group else {
-            return;
-        };
-        if self.gone(group) {
-            return;
-        }
-        tracing::info!("the command left processes running; stopping them");
-        self.signal(Sig::SIGTERM);
-        if self.gone_by(group, Instant::now() + grace).await {
-            return;
-        }
-        tracing::warn!(
-            ?grace,
-            "processes the command left did not stop on SIGTERM; sending SIGKILL"
-        );
-        self.send(Sig::SIGKILL);
-        if !self.gone_by(group, Instant::now() + AFTER_SIGKILL).await {
-            tracing::warn!("processes the command left are still there a second after SIGKILL");
-        }
-    }
-
     /// Reaps the adopted orphans that exited, never the job's first process (tokio waits for
     /// it): zombies would otherwise pile up under redfence while a long job runs.
     pub fn reap_orphans(&self) {
@@ -236,47 +158,25 @@ impl Job {
                 Ok(Some(pid)) if pid != self.leader => {
                     let _ = waitpid(pid, Some(WaitPidFlag::WNOHANG));
                 }
+                // The first process exited and waits for tokio: the kernel shows it first
+                // and hides the others. They are looked up by their parent.
+                Ok(Some(_)) => {
+                    tree::reap_exited_children(self.leader);
+                    break;
+                }
                 _ => break,
             }
-        }
-    }
-
-    /// Whether no process of `group` is left, after reaping those that became ours and have
-    /// exited (called only once tokio has waited for the leader: it is in the group too).
-    fn gone(&mut self, group: Pid) -> bool {
-        let any_of_group = Pid::from_raw(-group.as_raw());
-        while let Ok(status) = waitpid(any_of_group, Some(WaitPidFlag::WNOHANG)) {
-            if status == WaitStatus::StillAlive {
-                break;
-            }
-        }
-        self.settled = matches!(killpg(group, None), Err(Errno::ESRCH));
-        self.settled
-    }
-
-    /// Waits until `group` is gone or `deadline` passes; whether it is gone. Nothing
-    /// announces an empty process group: checked every 10 ms.
-    async fn gone_by(&mut self, group: Pid, deadline: Instant) -> bool {
-        loop {
-            if self.gone(group) {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(POLL.min(deadline.saturating_duration_since(Instant::now()))).await;
         }
     }
 }
 
 impl Drop for Job {
     /// On an error path (the job could not be waited for, a panic), whatever is left of the
-    /// group is killed: it must not outlive the release that follows.
+    /// job (its group, every descendant of redfence) is killed: it must not outlive the
+    /// release that follows.
     fn drop(&mut self) {
-        if !self.settled
-            && let Some(group) = self.group
-        {
-            let _ = killpg(group, Sig::SIGKILL);
+        if !self.settled {
+            self.send(Sig::SIGKILL);
         }
     }
 }
@@ -318,12 +218,6 @@ impl Orphans {
         }
     }
 }
-
-/// How long a process is waited for after SIGKILL.
-const AFTER_SIGKILL: Duration = Duration::from_secs(1);
-
-/// How often [`Job::stop_the_rest`] looks whether the job's processes are gone.
-const POLL: Duration = Duration::from_millis(10);
 
 /// Makes redfence the reaper of the processes its job leaves behind (Linux), so that they
 /// are waited for and counted until they exit, instead of going to init.

@@ -23,6 +23,7 @@ mod run;
 mod setup;
 mod signals;
 mod status;
+mod tree;
 mod waiting;
 
 use std::process::ExitCode;

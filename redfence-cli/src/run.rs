@@ -203,6 +203,7 @@ impl Scope<'_> {
             fence: signal.fence(),
             resources: self.resources,
             ttl_ms: self.args.ttl.as_millis(),
+            pass_env: self.args.pass_env,
         };
         // A signal that came while the lock was being acquired: the command does not start.
         if let Some(received) = self.signals.pending() {

@@ -1,12 +1,15 @@
 //! The `redfence` binary against real redis-server processes: `run` (exclusion, waiting,
 //! exit codes, signals, loss); `status`, `release --force` and usage errors
-//! (`commands.rs`); `--min-hold` (`hold.rs`); the command's own processes (`processes.rs`);
-//! a fencing counter that fails once (`fencing.rs`); a terminal's foreground
-//! (`terminal.rs`).
+//! (`commands.rs`); `--min-hold` (`hold.rs`); the command's own processes (`processes.rs`),
+//! and those that left its group or session (`descendants.rs`); the job's environment
+//! (`environment.rs`); a fencing counter that fails once (`fencing.rs`); a terminal's
+//! foreground (`terminal.rs`).
 //!
 //! The servers come from the workspace's harness, `redfence-testkit` (`testkit/`).
 
 mod commands;
+mod descendants;
+mod environment;
 mod fencing;
 mod hold;
 mod processes;
