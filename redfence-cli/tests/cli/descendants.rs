@@ -27,13 +27,20 @@ fn processes_with(marker: &str) -> Vec<String> {
         .collect()
 }
 
-/// Kills what a failed test left behind (whatever carries `marker`), so that a failure does
+/// A `sleep` argument that only this test of this test process uses (`1004.<test><pid>`), so
+/// that two runs of the suite at once (two checkouts on one machine) never see, or kill, each
+/// other's processes.
+fn unique_marker(test: u8) -> String {
+    format!("1004.{test}{:07}", std::process::id())
+}
+
+/// Kills what a failed test left behind (whatever carries the marker), so that a failure does
 /// not leave programs running for minutes.
-struct Leftovers(&'static str);
+struct Leftovers(String);
 
 impl Drop for Leftovers {
     fn drop(&mut self) {
-        for pid in processes_with(self.0) {
+        for pid in processes_with(&self.0) {
             let _ = Command::new("kill").args(["-KILL", &pid]).status();
         }
     }
@@ -43,8 +50,8 @@ impl Drop for Leftovers {
 fn the_timeout_case_leaves_no_process_behind() {
     // The case: GNU timeout moves itself into a process group of its own, out of the
     // job's; when the hold ends, its sleep must end too.
-    let marker = "1004.5";
-    let _leftovers = Leftovers(marker);
+    let marker = &unique_marker(5);
+    let _leftovers = Leftovers(marker.clone());
     let servers = Servers::start(3);
     let mut run = spawn_run(
         &servers,
@@ -76,8 +83,8 @@ fn the_timeout_case_leaves_no_process_behind() {
 fn a_process_outside_the_group_that_ignores_sigterm_is_killed_before_the_exit() {
     // Under timeout, a shell that ignores SIGTERM (and so do its sleeps): only SIGKILL, after
     // the grace, ends it.
-    let marker = "1004.6";
-    let _leftovers = Leftovers(marker);
+    let marker = &unique_marker(6);
+    let _leftovers = Leftovers(marker.clone());
     let servers = Servers::start(3);
     let files = Files::new();
     let script = format!(
@@ -113,8 +120,8 @@ fn redfence_exits_only_after_a_slow_cleanup_outside_the_group_is_done() {
     // The job leaves a shell under timeout (a group of its own) and exits; that shell traps
     // SIGTERM and takes a second to clean up, then notes it is done. The note must exist
     // when redfence exits: it waited for the last process, within --kill-after.
-    let marker = "1004.7";
-    let _leftovers = Leftovers(marker);
+    let marker = &unique_marker(7);
+    let _leftovers = Leftovers(marker.clone());
     let servers = Servers::start(3);
     let files = Files::new();
     let script = format!(
@@ -140,8 +147,8 @@ fn redfence_exits_only_after_a_slow_cleanup_outside_the_group_is_done() {
 
 #[test]
 fn what_the_job_leaves_in_a_session_of_its_own_is_stopped_before_the_release() {
-    let marker = "1004.8";
-    let _leftovers = Leftovers(marker);
+    let marker = &unique_marker(8);
+    let _leftovers = Leftovers(marker.clone());
     let servers = Servers::start(3);
     let files = Files::new();
     // setsid: a session (and group) of its own; the job exits once its program is in it (at
