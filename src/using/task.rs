@@ -78,7 +78,7 @@ async fn extend_until_stopped(
                 tokio::select! {
                     biased;
                     _ = &mut *stop => return End::Stopped,
-                    () = lock.alarms().at(at) => {}
+                    () = wait_on_grid(lock, at) => {}
                 }
                 continue;
             }
@@ -176,5 +176,19 @@ fn on_grid(at: Instant) -> Instant {
             at - Duration::from_nanos(u64::try_from(back).unwrap_or(0))
         }
         None => at,
+    }
+}
+
+/// The Alarms A/B's one knob (temporary): `REDFENCE_TIMER=tokio` waits for grid instants on a
+/// Tokio timer per task instead of the shared [`Alarms`](crate::alarms::Alarms).
+static TOKIO_TIMER: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| std::env::var("REDFENCE_TIMER").is_ok_and(|v| v == "tokio"));
+
+/// Waits for a grid instant, on the shared timer or (the A/B's other side) a timer of its own.
+async fn wait_on_grid(lock: &Lock, at: tokio::time::Instant) {
+    if *TOKIO_TIMER {
+        tokio::time::sleep_until(at).await;
+    } else {
+        lock.alarms().at(at).await;
     }
 }
