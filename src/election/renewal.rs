@@ -7,9 +7,9 @@ use std::sync::Arc;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant as TokioInstant;
 
-use super::builder::Timing;
 use super::leadership::{Deadline, TermState};
 use super::record;
+use super::timing::Timing;
 use crate::clock;
 use crate::error::LossReason;
 use crate::events::Event;
