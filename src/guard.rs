@@ -52,8 +52,8 @@ impl<T> Drop for DropGuard<T> {
     }
 }
 
-/// A spawned task that ends by cleaning up (the extension task of a `using()` scope, a
-/// leader's renewal, which release their lock when told to stop), owned by a future that
+/// A spawned task that ends by cleaning up (a lease keeper, of a `using()` scope or a
+/// leader's term, which releases its lock when told to stop), owned by a future that
 /// awaits it. If that future is dropped first (a `select!` on Ctrl-C), a tracked task awaits
 /// it instead, so that `Redlock::close` still waits for its release: otherwise `main` could
 /// return before the task ran at all, and the lock would wait out its TTL.

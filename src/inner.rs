@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use tokio_util::task::TaskTracker;
 
-use crate::alarms::Alarms;
 use crate::config::Config;
 use crate::error::{Error, InvalidInput};
 use crate::events::Event;
@@ -50,8 +49,6 @@ pub(crate) struct Shared {
     closed: AtomicBool,
     /// Waiters' lines and release notifications.
     pub(crate) hand_off: HandOff,
-    /// The one timer of every `using()` lock's extension task.
-    pub(crate) alarms: Alarms,
 }
 
 /// A validated lock request: resource names, their keys and the TTL.
@@ -93,7 +90,6 @@ impl Shared {
             kinds,
             tasks,
             closed: AtomicBool::new(false),
-            alarms: Alarms::default(),
         }
     }
 

@@ -66,7 +66,6 @@
 
 mod acquisition;
 mod address;
-mod alarms;
 mod builder;
 mod clock;
 mod config;
@@ -79,6 +78,7 @@ mod hand_off;
 mod helper_keys;
 mod inner;
 mod inspect;
+mod lease;
 mod lock;
 mod metrics;
 mod node;

@@ -83,11 +83,6 @@ impl Lock {
         self.expires_at.saturating_duration_since(clock::now())
     }
 
-    /// The shared timer of the `Redlock` this lock came from (for `using()`'s extension task).
-    pub(crate) fn alarms(&self) -> &crate::alarms::Alarms {
-        &self.held.shared.alarms
-    }
-
     /// Whether the validity has run out.
     pub fn is_expired(&self) -> bool {
         clock::now() >= self.expires_at

@@ -263,7 +263,7 @@ async fn extension_cpu(redlock: &Redlock, floor: &Floor) {
 
 /// 10,000 `using()` scopes held at TTL 4 s, started gradually: client CPU while they are held,
 /// and resident memory per held lock.
-async fn held_using(urls: &[String]) {
+pub async fn held_using(urls: &[String]) {
     const HELD: usize = 10_000;
     const WINDOW: Duration = Duration::from_secs(8);
     let redlock = Redlock::builder()

@@ -15,6 +15,7 @@
 //! BENCH_OPS=20000 BENCH_ROUNDS=9 cargo run --release -p redfence-bench
 //! cargo run --release -p redfence-bench -- fencing   # the fencing scenario only
 //! cargo run --release -p redfence-bench -- load      # burst, idle, extension CPU, held locks
+//! cargo run --release -p redfence-bench -- held      # 10,000 held using() locks alone
 //! cargo run --release -p redfence-bench -- hotspot   # 16 waiters on one resource, beside node-redlock
 //! cargo run --release -p redfence-bench --features metrics -- metrics   # recording cost
 //! # on given masters (e.g. those ../shared/peers/run.sh uses), for figures beside the peers':
@@ -218,6 +219,11 @@ async fn main() {
     latency(&redlock, &floor, 500).await;
     if only("hotspot") {
         hotspot::scenario(&urls).await;
+        return;
+    }
+    if only("held") {
+        // The held-locks scenario alone (10,000 held `using()` locks: % of a core, memory).
+        load::held_using(&urls).await;
         return;
     }
     if only("load") {

@@ -6,15 +6,14 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
-
 use super::builder::{Hook, Inner};
-use super::leadership::{Leadership, TermState};
-use super::record::{self, Leader};
+use super::leadership::{Leadership, Tenure};
+use super::record::Leader;
 use super::renewal::Renewal;
 use crate::clock;
 use crate::error::{ConfigError, Error};
 use crate::guard::Finishing;
+use crate::lease::{self, Lease, OnLoss, Schedule, StopOnDrop, Times};
 use crate::lock::Lock;
 use crate::retry::Backoff;
 
@@ -74,8 +73,9 @@ fn jittered(period: Duration) -> Duration {
 /// The largest share of a retry period added as jitter.
 const JITTER: f64 = 0.2;
 
-/// Leads one term with `lock`: writes the record, starts the renewal task, runs the routine,
-/// then stops the task (which steps down) and waits for it.
+/// Leads one term with `lock`: writes the record, hands the lock to a lease keeper on the
+/// election's timing, runs the routine, then stops the keeper (which steps down) and waits
+/// for it.
 async fn lead<T, E, F, Fut>(inner: &Arc<Inner>, lock: Lock, routine: &mut F) -> Result<T, E>
 where
     F: FnMut(Leadership) -> Fut,
@@ -90,28 +90,25 @@ where
         identity: inner.identity.clone(),
         term,
     };
-    let renewal = Renewal {
-        shared: Arc::clone(&inner.shared),
-        timing: inner.timing,
-        resource: inner.resource.clone(),
-        lock_key: Arc::clone(&inner.lock_key),
-        record_key: Arc::clone(&inner.record_key),
+    let timing = inner.timing;
+    let lease = Lease::new(
+        lock.expires_at(),
+        lock.ttl(),
+        inner.shared.config.drift_factor,
+    );
+    let times = Times {
+        deadline: timing.deadline(&lease),
+        expires_at: lease.expires_at,
     };
-    let state = Arc::new(TermState::new(
-        leader.clone(),
-        inner.resource.clone(),
-        renewal.deadline(&lock),
-    ));
+    let tenure = Tenure {
+        leader: leader.clone(),
+    };
+    let state = Arc::new(tenure.lease(inner.resource.clone(), times));
+    let renewal = Renewal::new(lock, inner, leader.clone());
     // Advisory, and cut off at the first renewal: a slow node must not delay the term.
-    let written = tokio::time::timeout(
-        inner.timing.retry_period,
-        record::write_everywhere(
-            &inner.shared,
-            renewal.record(lock.token(), Some(record::encode(&leader, lock.token()))),
-        ),
-    )
-    .await
-    .ok();
+    let written = tokio::time::timeout(timing.retry_period, renewal.write_record())
+        .await
+        .ok();
     tracing::info!(election = %inner.name, %leader, records = ?written, "elected");
 
     let leadership = Leadership {
@@ -119,14 +116,15 @@ where
     };
     // From here on the term counts as led: `on_stopped_leading` runs however it ends.
     let _term = Term::start(inner, leadership.clone());
-    let (stop, stopped) = oneshot::channel::<()>();
-    // Dropped midway (the candidate shut down), the task still steps down, and
-    // `Redlock::close` waits for it.
-    let task = Finishing::spawn(&inner.shared.tasks, renewal.run(lock, state, stopped));
+    // Dropped (the routine returned, or the candidate shut down midway), the keeper steps
+    // down, and `Redlock::close` waits for it.
+    let stop = StopOnDrop(Arc::clone(&state));
+    let keeper = lease::keep(renewal, timing, lease, state, OnLoss::Release);
+    let task = Finishing::spawn(&inner.shared.tasks, keeper);
     let result = routine(leadership).await;
     drop(stop);
     if let Err(error) = task.join().await {
-        tracing::error!(election = %inner.name, ?error, "election renewal task failed");
+        tracing::error!(election = %inner.name, ?error, "election lease keeper failed");
     }
     result
 }

@@ -10,6 +10,7 @@ mod record;
 mod renewal;
 #[cfg(test)]
 mod tests;
+mod timing;
 
 use std::fmt;
 use std::future::Future;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::builder::Timing;
+use super::timing::Timing;
 use super::*;
 use crate::error::{ConfigError, LossReason};
 use crate::node::Op;

@@ -1,14 +1,15 @@
 //! `using()`: scoped locking with automatic extension, an abort signal and bounded renewal.
 //!
 //! [`Redlock::using`](crate::Redlock::using) acquires a lock, runs the caller's routine with a [`Signal`], and keeps
-//! the lock alive meanwhile with a background *extension task*, which it stops, joins and
-//! uses to release the lock when the routine ends.
+//! the lock alive meanwhile with the crate's lease keeper ([`crate::lease`]), which it stops,
+//! joins and uses to release the lock when the routine ends. The [`Signal`] is a view of the
+//! keeper's state.
 //!
-//! The extension task follows a [`Policy`], a pure function from the lease (acquisition,
-//! expiry, extensions made, last failure) and the current instant to the next [`Step`]:
-//! extend at some instant with a deadline, or abort at some instant. Keeping the decisions
-//! pure lets them be tested without a clock; the task only sleeps, calls [`Lock::extend`](crate::Lock::extend),
-//! and records the outcome.
+//! The keeper follows a [`Policy`], a pure function from the lease (acquisition, expiry,
+//! extensions made, last failure) and the current instant to the next
+//! [`Step`](crate::lease::Step): extend at some instant with a deadline, or abort at some
+//! instant. Keeping the decisions pure lets them be tested without a clock; the keeper only
+//! sleeps, calls [`Lock::extend`](crate::Lock::extend), and records the outcome.
 //!
 //! Timeline of one lease, with `threshold` the builder's `automatic_extension_threshold`:
 //!
@@ -26,15 +27,16 @@
 //! routine to stop, and extension stops for good.
 
 mod policy;
+mod scoped;
 mod signal;
-mod task;
+#[cfg(test)]
+mod tests;
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use futures::FutureExt;
-use tokio::sync::{oneshot, watch};
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
@@ -44,13 +46,15 @@ pub use signal::Signal;
 use crate::config::Config;
 use crate::error::Error;
 use crate::guard::Finishing;
+use crate::lease::{self, Lease, OnLoss, StopOnDrop};
 use crate::lock::Lock;
-use policy::Lease;
-use signal::State;
+use scoped::Scoped;
+use signal::Ticket;
 
-/// Runs `routine` with a [`Signal`] while an extension task keeps `lock` alive; then stops
-/// the task, which releases the lock, and returns the routine's result (or resumes its panic).
-/// Dropped midway, the task still releases, and `Redlock::close` (through `tasks`) waits for it.
+/// Runs `routine` with a [`Signal`] while a lease keeper keeps `lock` alive; then stops the
+/// keeper, which releases the lock, and returns the routine's result (or resumes its panic).
+/// Dropped midway, the keeper still releases, and `Redlock::close` (through `tasks`) waits
+/// for it.
 pub(crate) async fn scope<T, E, F, Fut>(
     lock: Lock,
     policy: Policy,
@@ -64,23 +68,30 @@ where
     E: From<Error>,
 {
     let resources: Arc<[String]> = Arc::from(lock.resources());
-    let lease = Lease::new(&lock, config.drift_factor);
-    let state = Arc::new(State {
-        resources: Arc::clone(&resources),
+    let lease = Lease::new(lock.expires_at(), lock.ttl(), config.drift_factor);
+    let ticket = Ticket {
         token: Arc::from(lock.token()),
         fence: lock.fence(),
-        expires_at: watch::Sender::new(lock.expires_at()),
-        error: OnceLock::new(),
         events: config.events.clone(),
-    });
-    // Dropping `stop` (when the routine is done, or when this future is dropped) makes the
-    // task stop extending and release the lock.
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = Finishing::spawn(
-        tasks,
-        task::extension_task(lock, lease, Arc::clone(&state), policy, stopped)
-            .instrument(tracing::Span::current()),
+    };
+    let state = Arc::new(ticket.lease(Arc::clone(&resources), lease.expires_at));
+    let scoped = Scoped {
+        lock,
+        ttl: policy.ttl,
+        resources: Arc::clone(&resources),
+        events: config.events.clone(),
+    };
+    // Dropped (when the routine is done, or when this future is dropped), it makes the
+    // keeper stop extending and release the lock.
+    let stop = StopOnDrop(Arc::clone(&state));
+    let keeper = lease::keep(
+        scoped,
+        policy,
+        lease,
+        Arc::clone(&state),
+        OnLoss::HoldUntilStopped,
     );
+    let task = Finishing::spawn(tasks, keeper.instrument(tracing::Span::current()));
 
     let signal = Signal { state };
     let outcome = AssertUnwindSafe(async move { routine(signal).await })
@@ -89,7 +100,7 @@ where
 
     drop(stop);
     if let Err(error) = task.join().await {
-        // The task does not panic (hooks are guarded), so this is most likely a cancelled
+        // The keeper does not panic (hooks are guarded), so this is most likely a cancelled
         // runtime. The lock, dropped with the task, releases itself in the background if it
         // can.
         tracing::error!(?error, ?resources, "lock extension task failed");

@@ -1,18 +1,19 @@
-//! When the extension task extends, retries and gives up: a pure function of the lease and
-//! an instant, so every decision is tested without a clock.
+//! When the lease keeper of a `using()` lock extends, retries and gives up: the lock's
+//! [`Schedule`], a pure function of the lease and an instant, so every decision is tested
+//! without a clock.
 
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
 use crate::error::{InvalidInput, RenewalLimit};
-use crate::lock::Lock;
+use crate::lease::{Cause, Lease, Schedule, Step};
 use crate::quorum;
 
 /// The shortest pause between two extension rounds after a failed one.
 const MIN_RETRY_INTERVAL: Duration = Duration::from_millis(1);
 
-/// How the extension task schedules its rounds. Pure: every decision is a function of the
-/// lease and an instant, so it is tested without a clock.
+/// How the lease keeper of a `using()` lock schedules its rounds. Pure: every decision is a
+/// function of the lease and an instant, so it is tested without a clock.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Policy {
     /// The TTL every extension renews the lock to.
@@ -25,49 +26,6 @@ pub(crate) struct Policy {
     pub(super) retry_interval: Duration,
     pub(super) max_extensions: Option<u32>,
     pub(super) max_hold: Option<Duration>,
-}
-
-/// Where a lock stands, as the extension task tracks it.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Lease {
-    /// The start of the winning acquire round.
-    pub(super) acquired_at: Instant,
-    /// The end of the validity.
-    pub(super) expires_at: Instant,
-    /// Successful extensions so far.
-    pub(super) extensions: u32,
-    /// When the last failed round started, if none has succeeded since.
-    pub(super) failed_round: Option<Instant>,
-}
-
-/// What the extension task does next.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Step {
-    /// At `at`, make an extension round that must succeed by `by`.
-    Extend {
-        /// When to start the round.
-        at: Instant,
-        /// The round's deadline: past it, ownership can no longer be guaranteed.
-        by: Instant,
-    },
-    /// At `at`, abort the signal and stop extending.
-    Abort {
-        /// When to abort.
-        at: Instant,
-        /// Why.
-        cause: Cause,
-    },
-}
-
-/// Why the extension task gives up.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Cause {
-    /// The validity ran out.
-    Expired,
-    /// Rounds failed until less than the threshold was left.
-    Unconfirmed,
-    /// A renewal bound was reached.
-    Limit(RenewalLimit),
 }
 
 impl Policy {
@@ -104,10 +62,12 @@ impl Policy {
             max_hold: config.max_hold,
         })
     }
+}
 
+impl Schedule for Policy {
     /// The next step for `lease`, seen at `now`. A step whose instant is not after `now` is
     /// due; asking again after sleeping until it returns it as due.
-    pub(crate) fn step(&self, now: Instant, lease: &Lease) -> Step {
+    fn step(&self, now: Instant, lease: &Lease) -> Step {
         let expires_at = lease.expires_at;
         if now >= expires_at {
             return Step::Abort {
@@ -156,22 +116,6 @@ impl Policy {
     }
 }
 
-impl Lease {
-    pub(super) fn new(lock: &Lock, drift_factor: f64) -> Self {
-        let expires_at = lock.expires_at();
-        // `expires_at` is the start of the winning round plus `ttl - drift`.
-        let valid_for = lock
-            .ttl()
-            .saturating_sub(quorum::drift(lock.ttl(), drift_factor));
-        Lease {
-            acquired_at: expires_at.checked_sub(valid_for).unwrap_or(expires_at),
-            expires_at,
-            extensions: 0,
-            failed_round: None,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,6 +136,7 @@ mod tests {
     fn lease(t0: Instant, valid_for: Duration) -> Lease {
         Lease {
             acquired_at: t0,
+            renewed_at: t0,
             expires_at: t0 + valid_for,
             extensions: 0,
             failed_round: None,

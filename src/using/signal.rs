@@ -1,15 +1,14 @@
-//! [`Signal`]: what the routine of `using()` sees of its lock, and the state it shares with
-//! the extension task.
+//! [`Signal`]: what the routine of `using()` sees of its lock — a view of the lease
+//! keeper's [`LeaseState`] — and the [`Ticket`] that state carries for it.
 
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use tokio::sync::watch;
 
 use crate::clock;
 use crate::error::{Error, LossReason};
 use crate::events::{Event, EventHook};
+use crate::lease::{Closing, LeaseState, Subject, Times};
 
 /// Tells the routine run by [`Redlock::using`](crate::Redlock::using) whether it still owns its lock.
 ///
@@ -47,7 +46,7 @@ use crate::events::{Event, EventHook};
 /// ```
 #[derive(Clone)]
 pub struct Signal {
-    pub(super) state: Arc<State>,
+    pub(super) state: Arc<LeaseState<Ticket>>,
 }
 
 impl Signal {
@@ -70,26 +69,7 @@ impl Signal {
     /// # fn main() { let _ = run; }
     /// ```
     pub async fn aborted(&self) -> Error {
-        let mut changes = self.state.expires_at.subscribe();
-        loop {
-            // Mark the current value seen *before* looking at the error: an abort that
-            // happens after the look then shows up as a change.
-            let expires_at = *changes.borrow_and_update();
-            if let Some(error) = self.state.error() {
-                return error.clone();
-            }
-            let expiry = tokio::time::sleep_until(tokio::time::Instant::from_std(expires_at));
-            tokio::pin!(expiry);
-            tokio::select! {
-                changed = changes.changed() => {
-                    if changed.is_err() {
-                        // Unreachable (the sender lives in the shared state); never spin.
-                        expiry.await;
-                    }
-                }
-                () = &mut expiry => {}
-            }
-        }
+        self.state.lost().await
     }
 
     /// `Ok(())` while the lock is held, the reason (as [`error`](Signal::error)) once the
@@ -122,103 +102,60 @@ impl Signal {
     /// The fencing token of this acquisition, if a counter is configured. Send it with every
     /// write; the storage must reject a fence that is smaller than the last it accepted.
     pub fn fence(&self) -> Option<u64> {
-        self.state.fence
+        self.state.subject().fence
     }
 
     /// The resources the lock holds, as given (without the key prefix).
     pub fn resources(&self) -> &[String] {
-        &self.state.resources
+        self.state.resources()
     }
 
     /// The lock's owner token: the value stored at every key.
     pub fn token(&self) -> &str {
-        &self.state.token
+        &self.state.subject().token
     }
 }
 
 impl fmt::Debug for Signal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Signal")
-            .field("resources", &self.state.resources)
-            .field("fence", &self.state.fence)
+            .field("resources", self.state.resources())
+            .field("fence", &self.fence())
             .field("remaining", &self.remaining())
-            .field("error", &self.state.error.get())
+            .field("error", &self.state.recorded_error())
             .finish()
     }
 }
 
-/// What a [`Signal`] and its extension task share.
-pub(super) struct State {
-    pub(super) resources: Arc<[String]>,
+/// What a [`Signal`] knows of its lock beside the lease: the owner token and the fence;
+/// and where it announces a loss (the `Aborted` event).
+pub(super) struct Ticket {
     pub(super) token: Arc<str>,
     pub(super) fence: Option<u64>,
-    /// The lock's validity end, updated by every extension; a change (or a forced
-    /// notification) wakes [`Signal::aborted`].
-    pub(super) expires_at: watch::Sender<Instant>,
-    /// Set once, by the first abort.
-    pub(super) error: OnceLock<Error>,
     pub(super) events: EventHook,
 }
 
-impl State {
-    pub(super) fn expires_at(&self) -> Instant {
-        *self.expires_at.borrow()
+impl Ticket {
+    /// The lease state of a `using()` lock valid until `expires_at`: lost at its expiry at
+    /// the latest, and ended by the scope as `Released`, without an event.
+    pub(super) fn lease(self, resources: Arc<[String]>, expires_at: Instant) -> LeaseState<Ticket> {
+        let closing = Closing {
+            reason: LossReason::Released,
+            announce: false,
+        };
+        let times = Times {
+            deadline: expires_at,
+            expires_at,
+        };
+        LeaseState::new(resources, self, closing, times)
     }
+}
 
-    /// The abort reason, if any; aborts with `Expired` when the validity has run out, so that
-    /// a starved extension task cannot leave the signal unaborted.
-    pub(super) fn error(&self) -> Option<&Error> {
-        if let Some(error) = self.error.get() {
-            return Some(error);
-        }
-        if clock::now() >= self.expires_at() {
-            return Some(self.abort(self.lost(LossReason::Expired)));
-        }
-        None
-    }
-
-    pub(super) fn lost(&self, reason: LossReason) -> Error {
-        Error::LockLost {
-            resources: self.resources.to_vec(),
-            reason,
-        }
-    }
-
-    /// Aborts the signal, unless it already is: reports the first abort and wakes waiters.
-    pub(super) fn abort(&self, error: Error) -> &Error {
-        self.set(error, true)
-    }
-
-    /// Marks the scope as over, without an event: later looks at the signal see `Released`.
-    pub(super) fn finish(&self) {
-        self.set(self.lost(LossReason::Released), false);
-    }
-
-    fn set(&self, error: Error, report: bool) -> &Error {
-        let mut first = false;
-        let stored = self.error.get_or_init(|| {
-            first = true;
-            error
-        });
-        if first {
-            if report {
-                self.events.emit(Event::Aborted {
-                    resources: self.resources.to_vec(),
-                    error: stored.clone(),
-                });
-            }
-            self.expires_at.send_modify(|_| {});
-        }
-        stored
-    }
-
-    /// Records the new validity end; wakes [`Signal::aborted`] only if someone waits there
-    /// (a waiter that subscribes meanwhile reads the new value on its own, at the latest when
-    /// the old one runs out), since this comes for every lock every round.
-    pub(super) fn extended(&self, expires_at: Instant) {
-        self.expires_at.send_if_modified(|value| {
-            *value = expires_at;
-            self.expires_at.receiver_count() > 0
+impl Subject for Ticket {
+    fn announce(&self, resources: &[String], error: &Error) {
+        self.events.emit(Event::Aborted {
+            resources: resources.to_vec(),
+            error: error.clone(),
         });
     }
 }
@@ -229,15 +166,13 @@ mod tests {
     use crate::error::RenewalLimit;
     use std::sync::Mutex;
 
-    fn state(valid_for: Duration, events: EventHook) -> Arc<State> {
-        Arc::new(State {
-            resources: Arc::from(vec!["r".to_string()]),
+    fn state(valid_for: Duration, events: EventHook) -> Arc<LeaseState<Ticket>> {
+        let ticket = Ticket {
             token: Arc::from("token"),
             fence: Some(7),
-            expires_at: watch::Sender::new(clock::now() + valid_for),
-            error: OnceLock::new(),
             events,
-        })
+        };
+        Arc::new(ticket.lease(Arc::from(vec!["r".to_string()]), clock::now() + valid_for))
     }
 
     fn recorder() -> (EventHook, Arc<Mutex<Vec<Event>>>) {
@@ -289,12 +224,12 @@ mod tests {
         assert_eq!(started.elapsed(), Duration::ZERO, "woken without waiting");
         assert!(matches!(err, Error::RenewalLimit { .. }), "{err:?}");
         // A second abort changes nothing and reports nothing.
-        s.abort(s.lost(LossReason::Expired));
+        s.abort(s.loss(LossReason::Expired));
         assert!(matches!(signal.check(), Err(Error::RenewalLimit { .. })));
         assert!(matches!(signal.aborted().await, Error::RenewalLimit { .. }));
         assert_eq!(aborted_events(&seen), 1);
         // The end of the scope keeps the first reason.
-        s.finish();
+        s.close();
         assert!(matches!(signal.error(), Some(Error::RenewalLimit { .. })));
     }
 
@@ -312,7 +247,11 @@ mod tests {
         });
         // An extension at 2 s moves the expiry from 5 s to 12 s.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        s.extended(clock::now() + Duration::from_secs(10));
+        let until = clock::now() + Duration::from_secs(10);
+        s.renewed(Times {
+            deadline: until,
+            expires_at: until,
+        });
         assert_eq!(signal.remaining(), Duration::from_secs(10));
         let err = waiter.await.expect("waiter");
         assert_eq!(start.elapsed(), Duration::from_secs(12));
@@ -338,7 +277,7 @@ mod tests {
         let signal = Signal {
             state: Arc::clone(&s),
         };
-        s.finish();
+        s.close();
         assert!(matches!(
             signal.aborted().await,
             Error::LockLost {
