@@ -296,8 +296,14 @@ async fn attempt(
     // caller gave up mid-way) releases on every node in the background.
     let mut guard = DropGuard::new(held, Held::release_in_background);
     let start = clock::now();
-    let round =
-        quorum::acquire_round(&shared.nodes, &req, config.drift_factor, &shared.tasks).await;
+    let round = quorum::acquire_round(
+        &shared.nodes,
+        &req,
+        target.ttl,
+        config.drift_factor,
+        &shared.tasks,
+    )
+    .await;
     let valid_for = match round {
         Ok(granted) => granted,
         Err(failed) => {

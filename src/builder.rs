@@ -14,6 +14,7 @@ use crate::inner::Shared;
 use crate::node::Voter;
 #[cfg(test)]
 use crate::node::fake::{Fake, FakeNode};
+use crate::node::identity::QuarantineRule;
 use crate::node_addr::NodeAddr;
 use crate::redlock::Redlock;
 use crate::resource_type::ResourceType;
@@ -205,6 +206,50 @@ impl RedlockBuilder {
     ///   voters ([`ConfigError::FairQueueUnsupported`]).
     pub fn fair(mut self, fair: bool) -> Self {
         self.config.fair = fair;
+        self
+    }
+
+    /// How long a lock server that restarted does not count toward a majority for an
+    /// acquisition (nor for confirming an extension). Redlock's known weakness: a server
+    /// restarted without persistence has forgotten the locks it granted, so during their TTL a
+    /// second owner could get a majority with its vote. A quarantined server's vote is still
+    /// cast and its key still written (and released if the attempt fails), but the grant counts
+    /// as a [`NodeFailure::Quarantined`](crate::NodeFailure::Quarantined); an extension does not
+    /// set its missing key again until it is out of quarantine. Set it to the longest TTL any
+    /// client uses on these servers (a day at most: `build()` refuses more);
+    /// [`Duration::ZERO`] turns quarantine off.
+    ///
+    /// A server is known restarted when its `run_id` (`INFO server`, read on the first call,
+    /// after a lost connection or `NOSCRIPT`, and every second) changed while this client was
+    /// connected to it; it is then quarantined until its uptime reaches this period.
+    ///
+    /// - **Default (not called): 60 s, for restarts seen while connected only.** A server
+    ///   met for the first time is trusted whatever its uptime, so a client started together
+    ///   with fresh servers (a test suite, a demo) locks at once.
+    /// - **Called (any non-zero value):** also a server met for the first time whose uptime is
+    ///   below the period is quarantined, so a client started after the restart (a new process,
+    ///   another service) is protected too. A freshly started cluster then grants nothing for
+    ///   the period.
+    ///
+    /// A server that does not answer `INFO server` (an ACL without it) is never quarantined.
+    pub fn restart_quarantine(mut self, period: Duration) -> Self {
+        self.config.quarantine = QuarantineRule {
+            period,
+            first_contact: !period.is_zero(),
+        };
+        self
+    }
+
+    /// Chubby's lock-delay: when a lock ends without a release (its holder crashed, hung or
+    /// lost it), nobody can take its resources until `delay` after its expiry; a release frees
+    /// them at once. The keys' server-side TTL of acquire and extend is `ttl + delay`, while the
+    /// holder's validity (and every expiry this client computes) is still that of `ttl`.
+    /// Defaults to zero (off); at most an hour (`build()` refuses more).
+    ///
+    /// Other clients on the same resources (node-redlock, redsync) see the longer TTL too: to
+    /// them the lock simply lasts `delay` longer.
+    pub fn lock_delay(mut self, delay: Duration) -> Self {
+        self.config.lock_delay = delay;
         self
     }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::error::ConfigError;
 use crate::events::EventHook;
 use crate::fence::FencingCounter;
+use crate::node::identity::QuarantineRule;
 use crate::resource_type::ResourceType;
 use crate::retry::Backoff;
 
@@ -16,6 +17,13 @@ const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
 const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
 /// Default [`automatic_extension_threshold`](crate::RedlockBuilder::automatic_extension_threshold): 500 ms.
 const DEFAULT_EXTENSION_THRESHOLD: Duration = Duration::from_millis(500);
+/// Default [`restart_quarantine`](crate::RedlockBuilder::restart_quarantine): 60 s, applied
+/// to a server whose `run_id` changed while this client was connected to it.
+pub(crate) const DEFAULT_RESTART_QUARANTINE: Duration = Duration::from_secs(60);
+/// The longest [`lock_delay`](crate::RedlockBuilder::lock_delay): one hour.
+pub(crate) const MAX_LOCK_DELAY: Duration = Duration::from_secs(3600);
+/// The longest [`restart_quarantine`](crate::RedlockBuilder::restart_quarantine): one day.
+pub(crate) const MAX_RESTART_QUARANTINE: Duration = Duration::from_secs(86_400);
 /// Default [`fencing_timeout`](crate::RedlockBuilder::fencing_timeout): 1 s.
 const DEFAULT_FENCING_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -36,6 +44,12 @@ pub(crate) struct Config {
     pub(crate) events: EventHook,
     /// Fair mode: waiters line up on every node (see `RedlockBuilder::fair`).
     pub(crate) fair: bool,
+    /// Which restarted servers do not count toward a majority, and for how long (see
+    /// `RedlockBuilder::restart_quarantine`).
+    pub(crate) quarantine: QuarantineRule,
+    /// Added to the server-side TTL of acquire and extend, never to the validity (see
+    /// `RedlockBuilder::lock_delay`).
+    pub(crate) lock_delay: Duration,
 }
 
 impl Default for Config {
@@ -54,6 +68,11 @@ impl Default for Config {
             resource_type: ResourceType::default(),
             events: EventHook::none(),
             fair: false,
+            quarantine: QuarantineRule {
+                period: DEFAULT_RESTART_QUARANTINE,
+                first_contact: false,
+            },
+            lock_delay: Duration::ZERO,
         }
     }
 }
@@ -72,6 +91,8 @@ impl fmt::Debug for Config {
             .field("fencing_timeout", &self.fencing_timeout)
             .field("key_prefix", &self.key_prefix)
             .field("fair", &self.fair)
+            .field("quarantine", &self.quarantine)
+            .field("lock_delay", &self.lock_delay)
             .field("resource_type", &self.resource_type)
             .field("events", &self.events)
             .finish()
@@ -108,6 +129,22 @@ impl Config {
         if let Some(t) = config.max_hold {
             positive("max_hold", t)?;
         }
+        let at_most = |option: &'static str, d: Duration, max: Duration| {
+            if d > max {
+                Err(ConfigError::BadOption {
+                    option,
+                    reason: format!("is {d:?}; at most {max:?} is allowed"),
+                })
+            } else {
+                Ok(())
+            }
+        };
+        at_most("lock_delay", config.lock_delay, MAX_LOCK_DELAY)?;
+        at_most(
+            "restart_quarantine",
+            config.quarantine.period,
+            MAX_RESTART_QUARANTINE,
+        )?;
         if config.key_prefix.len() > MAX_KEY_PREFIX_LEN {
             return Err(ConfigError::BadOption {
                 option: "key_prefix",

@@ -224,13 +224,19 @@ pub(crate) fn resource_names(resources: &[impl AsRef<str>]) -> Result<Vec<String
 }
 
 impl Held {
-    /// The request for one of this lock's rounds.
+    /// The request for one of this lock's rounds. The keys' server-side TTL of an acquire or
+    /// an extend is `ttl` plus the lock-delay (`RedlockBuilder::lock_delay`); the validity is
+    /// always computed from `ttl` alone, by the caller.
     pub(crate) fn request(&self, op: Op, ttl: Duration) -> Request {
+        let server_ttl = match op {
+            Op::Acquire | Op::Extend => ttl.saturating_add(self.shared.config.lock_delay),
+            Op::Release | Op::Leave => ttl,
+        };
         Request {
             op,
             keys: Arc::clone(&self.target.keys),
             token: Arc::clone(&self.token),
-            ttl_ms: millis(ttl),
+            ttl_ms: millis(server_ttl),
             queue: self.queue.clone(),
         }
     }

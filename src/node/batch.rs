@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 use tokio::time::Sleep;
 
 use super::connection::LazyConnection;
+use super::identity::Identity;
 use super::{Op, Reply, Request};
 use crate::error::NodeFailure;
 
@@ -54,19 +55,63 @@ pub(super) enum Replies {
     Each(Vec<Result<Value, NodeFailure>>),
 }
 
-/// One server's link: the batch as one `EVALSHA` over its [`LazyConnection`].
+/// One server's link: the batch as one `EVALSHA` over its [`LazyConnection`], with the
+/// server's [`Identity`] read first when it is due (first call, lost connection, `NOSCRIPT`,
+/// every second).
 pub(super) struct ServerLink {
     connection: Arc<LazyConnection>,
+    identity: Arc<Identity>,
     /// The call being sent, kept for the next batch's (its allocation reused).
     script: Cmd,
 }
 
 impl ServerLink {
-    pub(super) fn new(connection: Arc<LazyConnection>) -> Self {
+    pub(super) fn new(connection: Arc<LazyConnection>, identity: Arc<Identity>) -> Self {
         ServerLink {
             connection,
+            identity,
             script: Cmd::new(),
         }
+    }
+
+    /// The script call, its identity check first when due, repeated once after a lost
+    /// connection (every operation is repeat-safe for its token: redis-rs's connection
+    /// reconnects after it) and run again after loading the script on `NOSCRIPT`. A lost
+    /// connection or a `NOSCRIPT` may mean that the server restarted: its identity is read
+    /// again before the call is repeated, so that extensions there repair only once it is out
+    /// of quarantine, and the votes are counted knowing its state.
+    async fn call(&mut self, runs: &[Run]) -> Result<Vec<Value>, NodeFailure> {
+        let mut conn = self.connection.connection().await?;
+        self.identity.check_if_due(&mut conn).await;
+        write_call(
+            runs.iter(),
+            &mut self.script,
+            "EVALSHA",
+            BATCH.get_hash(),
+            self.identity.repairs(),
+        );
+        let err = match self.script.query_async(&mut conn).await {
+            Ok(replies) => return Ok(replies),
+            Err(err) => err,
+        };
+        let noscript = err.kind() == ErrorKind::Server(ServerErrorKind::NoScript);
+        if !(noscript || err.is_io_error() || err.is_connection_dropped()) {
+            return Err(err.into());
+        }
+        self.identity.suspect();
+        if !noscript {
+            tracing::debug!(%err, "connection lost; retrying the batch once");
+            conn = self.connection.connection().await?;
+        }
+        self.identity.check_if_due(&mut conn).await;
+        write_call(
+            runs.iter(),
+            &mut self.script,
+            "EVALSHA",
+            BATCH.get_hash(),
+            self.identity.repairs(),
+        );
+        Ok(evalsha(&self.script, &mut conn).await?)
     }
 }
 
@@ -77,12 +122,9 @@ impl Link for ServerLink {
         timeout: Duration,
         deadline: Pin<&'a mut Sleep>,
     ) -> Result<Replies, NodeFailure> {
-        write_script(runs.iter(), &mut self.script);
         tokio::select! {
             biased;
-            replies = evalsha_once_more(&self.script, &self.connection) => {
-                Ok(Replies::All(replies?))
-            }
+            replies = self.call(runs) => Ok(Replies::All(replies?)),
             () = deadline => Err(NodeFailure::Timeout(timeout)),
         }
     }
@@ -271,21 +313,26 @@ impl Batch {
 /// and `R`), written straight into one command buffer (no allocation per argument). Written
 /// into `script`, whose allocation the next batch reuses.
 pub(super) fn write_script<'r>(runs: impl Iterator<Item = &'r Run> + Clone, script: &mut Cmd) {
-    write_call(runs, script, "EVALSHA", BATCH.get_hash());
+    write_call(runs, script, "EVALSHA", BATCH.get_hash(), false);
 }
 
 /// `runs` as one `EVAL` of the batch script's source: what a server that does not have the
 /// script yet runs, and keeps (see [`write_script`]).
 #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 pub(super) fn write_eval<'r>(runs: impl Iterator<Item = &'r Run> + Clone, script: &mut Cmd) {
-    write_call(runs, script, "EVAL", BATCH_SOURCE);
+    write_call(runs, script, "EVAL", BATCH_SOURCE, false);
 }
 
+///
+/// With `repair`, extensions are sent as "E" (extend, and set again a key that is missing:
+/// see [`RedlockBuilder::restart_quarantine`](crate::RedlockBuilder::restart_quarantine));
+/// otherwise as "e" (extend only).
 fn write_call<'r>(
     runs: impl Iterator<Item = &'r Run> + Clone,
     script: &mut Cmd,
     command: &str,
     body: &str,
+    repair: bool,
 ) {
     let keys: usize = runs.clone().map(|run| run.req.keys.len()).sum();
     script.clear();
@@ -299,6 +346,7 @@ fn write_call<'r>(
         let kind = match (req.op, &req.queue) {
             (Op::Acquire, None) => "a",
             (Op::Acquire, Some(_)) => "f",
+            (Op::Extend, _) if repair => "E",
             (Op::Extend, _) => "e",
             (Op::Release, None) => "r",
             (Op::Release, Some(_)) => "R",
@@ -354,23 +402,6 @@ fn resend_deadline(ttl_ms: u64) -> Instant {
     let ttl = Duration::from_millis(ttl_ms).max(Duration::from_secs(1));
     now.checked_add(ttl)
         .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365))
-}
-
-/// The script call, repeated once after a lost connection (every operation is repeat-safe
-/// for its token): redis-rs's connection reconnects after it.
-async fn evalsha_once_more(
-    command: &Cmd,
-    connection: &LazyConnection,
-) -> Result<Vec<Value>, NodeFailure> {
-    let mut conn = connection.connection().await?;
-    match evalsha(command, &mut conn).await {
-        Err(err) if err.is_io_error() || err.is_connection_dropped() => {
-            tracing::debug!(%err, "connection lost; retrying the batch once");
-            let mut conn = connection.connection().await?;
-            Ok(evalsha(command, &mut conn).await?)
-        }
-        other => Ok(other?),
-    }
 }
 
 /// Runs `command` (an `EVALSHA` of the batch script), loading the script first when the

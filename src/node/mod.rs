@@ -11,6 +11,7 @@ pub(crate) mod connect;
 mod connection;
 #[cfg(test)]
 pub(crate) mod fake;
+pub(crate) mod identity;
 mod pipeline;
 mod redis;
 mod resend;
@@ -153,6 +154,14 @@ pub(crate) trait Node: Send + Sync {
 
     /// The node's address (host, port and database, never credentials), for error messages.
     fn addr(&self) -> &str;
+
+    /// How long this node's votes still do not count because it restarted recently (see
+    /// [`RedlockBuilder::restart_quarantine`](crate::RedlockBuilder::restart_quarantine));
+    /// `None` when they count. Voters that do not track restarts (a Cluster, a Sentinel
+    /// group, fakes) are never quarantined.
+    fn quarantined(&self) -> Option<std::time::Duration> {
+        None
+    }
 }
 
 /// What kind of voter a node is, known when it is built.

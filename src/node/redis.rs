@@ -10,6 +10,7 @@ use tokio_util::task::TaskTracker;
 
 use super::batch::{Link, ServerLink};
 use super::connection::LazyConnection;
+use super::identity::{Identity, QuarantineRule};
 use super::pipeline::Pipeline;
 use super::{Advice, Advisory, Node, NodeCall, Request, advisory};
 use crate::error::NodeFailure;
@@ -23,22 +24,32 @@ use crate::error::NodeFailure;
 pub(crate) struct RedisNode {
     addr: String,
     shared: Arc<LazyConnection>,
+    /// The server's run id and quarantine, read by its link.
+    identity: Arc<Identity>,
     queue: Queue,
 }
 
 impl RedisNode {
-    pub(crate) fn new(client: Client, node_timeout: Duration, tasks: TaskTracker) -> Self {
+    pub(crate) fn new(
+        client: Client,
+        node_timeout: Duration,
+        quarantine: QuarantineRule,
+        tasks: TaskTracker,
+    ) -> Self {
         let info = client.get_connection_info();
         let addr = format!("{}/{}", info.addr(), info.redis_settings().db());
         let shared =
             Arc::new(LazyConnection::new(client, connect_timeout(node_timeout)).tracked_by(tasks));
+        let identity = Arc::new(Identity::new(quarantine));
         let connection = Arc::clone(&shared);
+        let link_identity = Arc::clone(&identity);
         let queue = Queue::new(&addr, node_timeout, move || {
-            ServerLink::new(Arc::clone(&connection))
+            ServerLink::new(Arc::clone(&connection), Arc::clone(&link_identity))
         });
         RedisNode {
             addr,
             shared,
+            identity,
             queue,
         }
     }
@@ -191,5 +202,9 @@ impl Node for RedisNode {
 
     fn addr(&self) -> &str {
         &self.addr
+    }
+
+    fn quarantined(&self) -> Option<Duration> {
+        self.identity.quarantined()
     }
 }

@@ -108,14 +108,17 @@ async fn decide(mut pending: Calls, nodes: &Nodes, op: Op, until: Until) -> Roun
 ///
 /// On success returns how long after `start` the lock stays valid (`ttl - drift`): the caller
 /// adds it to an instant taken before the call, which keeps the validity conservative.
+///
+/// `ttl` is the lock's TTL, from which the validity is computed: the keys' TTL on the servers
+/// (`req.ttl_ms`) may be longer by the lock-delay.
 pub(crate) async fn acquire_round(
     nodes: &Nodes,
     req: &Request,
+    ttl: Duration,
     drift_factor: f64,
     tasks: &TaskTracker,
 ) -> Result<Duration, Failed> {
     debug_assert_eq!(req.op, Op::Acquire);
-    let ttl = Duration::from_millis(req.ttl_ms);
     let start = clock::now();
     let round = fan_out(nodes, req, Until::Granted).await;
     let elapsed = clock::since(start);

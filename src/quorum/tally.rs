@@ -70,6 +70,33 @@ impl Tally {
         index: usize,
         result: Result<i64, NodeFailure>,
     ) {
+        let node = &nodes[index];
+        self.count(op, index, node.addr(), result, || node.quarantined());
+    }
+
+    /// Counts one node's outcome, `quarantined` saying whether (and for how long) the node's
+    /// votes do not count because it restarted recently.
+    ///
+    /// A quarantined node's grant of an acquire or an extend is neither a vote nor a refusal:
+    /// it is recorded as a [`NodeFailure::Quarantined`] error, so that the round cannot reach
+    /// a majority with it, a failed acquire releases the key it wrote (as after any node
+    /// failure), and the error says why. Its refusals are refusals (another owner's key is
+    /// there), and its releases count as any other.
+    pub(super) fn count(
+        &mut self,
+        op: Op,
+        index: usize,
+        addr: &str,
+        result: Result<i64, NodeFailure>,
+        quarantined: impl FnOnce() -> Option<Duration>,
+    ) {
+        let result = match result {
+            Ok(reply) if reply > 0 && op != Op::Release && op != Op::Leave => match quarantined() {
+                Some(remaining) => Err(NodeFailure::Quarantined { remaining }),
+                None => Ok(reply),
+            },
+            other => other,
+        };
         match result {
             Ok(reply) if reply > 0 || op == Op::Release => self.granted += 1,
             Ok(_) => {
@@ -78,7 +105,7 @@ impl Tally {
             }
             Err(failure) => self.errors.push(NodeError {
                 index,
-                addr: nodes[index].addr().to_owned(),
+                addr: addr.to_owned(),
                 failure,
             }),
         }
@@ -229,5 +256,61 @@ mod tests {
         assert_eq!(validity(ttl, ttl, 0.01), None);
         assert_eq!(validity(ttl, ttl * 2, 0.01), None);
         assert_eq!(validity(3 * MS, Duration::ZERO, 0.0), Some(MS));
+    }
+
+    /// Five nodes: `grants` of them grant (the quarantined ones among them, by index), the
+    /// rest refuse.
+    fn round(op: Op, grants: &[usize], quarantined: &[usize]) -> Tally {
+        let mut tally = Tally::new(5);
+        for index in 0..5 {
+            let reply = if grants.contains(&index) { 1 } else { 0 };
+            let q = quarantined
+                .contains(&index)
+                .then_some(Duration::from_secs(7));
+            tally.count(op, index, "node", Ok(reply), || q);
+        }
+        tally
+    }
+
+    #[test]
+    fn a_quarantined_grant_is_no_vote_and_is_reported() {
+        // Three grants, one of them from a restarted node: two votes, no majority.
+        let tally = round(Op::Acquire, &[2, 3, 4], &[2]);
+        assert_eq!((tally.granted, tally.denied), (2, 2));
+        assert!(!tally.reached());
+        assert!(tally.refused_by.iter().all(|&i| i != 2));
+        assert!(matches!(
+            tally.errors.as_slice(),
+            [NodeError { index: 2, failure: NodeFailure::Quarantined { remaining }, .. }]
+                if *remaining == Duration::from_secs(7)
+        ));
+        // Not contention (refusals alone leave room for a majority): the error lists why.
+        match tally.acquire_failure() {
+            Failed::Other(Error::QuorumUnreachable {
+                errors, granted, ..
+            }) => {
+                assert_eq!(granted, 2);
+                assert!(matches!(errors[0].failure, NodeFailure::Quarantined { .. }));
+            }
+            other => panic!("expected QuorumUnreachable, got {other:?}"),
+        }
+        // The same grants without quarantine reach the majority.
+        assert!(round(Op::Acquire, &[2, 3, 4], &[]).reached());
+    }
+
+    #[test]
+    fn a_quarantined_confirmation_of_an_extension_does_not_count() {
+        let tally = round(Op::Extend, &[0, 1, 2], &[1]);
+        assert_eq!(tally.granted, 2);
+        assert!(!tally.reached());
+        // A quarantined node's refusal is a refusal, and releases always count.
+        let tally = round(Op::Extend, &[0, 1], &[2]);
+        assert_eq!(tally.denied, 3);
+        let tally = round(Op::Release, &[0, 1, 2], &[0, 1, 2]);
+        assert_eq!(tally.granted, 5);
+        // Four quarantined grants of five: no majority, and no contention either.
+        let tally = round(Op::Acquire, &[0, 1, 2, 3, 4], &[0, 1, 2, 3]);
+        assert_eq!((tally.granted, tally.errors.len()), (1, 4));
+        assert!(matches!(tally.acquire_failure(), Failed::Other(_)));
     }
 }

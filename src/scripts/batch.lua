@@ -4,7 +4,7 @@
 -- redsync still interoperate.
 -- ARGV = for each operation: kind, owner token, ttl in milliseconds, number of keys, and
 --        for "f", "l" and "R" also the waiter id, its ticket and its lease in milliseconds.
---        Kinds: "a" acquire, "e" extend, "r" release, "f" acquire in turn (fair mode),
+--        Kinds: "a" acquire, "e" extend, "E" extend and set missing keys again, "r" release, "f" acquire in turn (fair mode),
 --        "l" leave the fair queue, "R" release and leave the fair queue (a fair lock's
 --        release). KEYS = every operation's keys, in order.
 -- Fair queue of a key K: the sorted set K..":redfence:queue" (waiter by ticket) and
@@ -96,6 +96,24 @@ end
 local function refused(key, ttl)
   mark(key, ttl)
   return 0
+end
+
+-- Extend and repair ("E"): when every key of the operation holds token or is missing (a
+-- server restarted without persistence forgot it), re-arms the ones that hold it and sets the
+-- missing ones again (SET NX: never over another owner's key); otherwise 0, nothing changed.
+local function extend_repair(first, last, token, ttl, count)
+  for j = first, last do
+    local value = redis.pcall("GET", KEYS[j])
+    if value ~= false and value ~= token then
+      return 0
+    end
+  end
+  for j = first, last do
+    if redis.call("PEXPIRE", KEYS[j], ttl) == 0 then
+      redis.call("SET", KEYS[j], token, "NX", "PX", ttl)
+    end
+  end
+  return count
 end
 
 local function acquire(first, last, token, ttl, count)
@@ -216,6 +234,8 @@ local function operation(i, k)
       end
     end
     reply = 0
+  elseif kind == "E" then
+    reply = extend_repair(first, last, token, ttl, count)
   elseif kind == "e" then
     reply = count
     for j = first, last do

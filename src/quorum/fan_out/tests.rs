@@ -15,14 +15,16 @@ const TIMEOUT: Duration = FAKE_TIMEOUT;
 const MS: Duration = Duration::from_millis(1);
 
 async fn acquire(nodes: &[Arc<dyn Node>], req: &Request) -> Result<Duration, Failed> {
-    acquire_round(nodes, req, 0.01, &TaskTracker::new()).await
+    let ttl = Duration::from_millis(req.ttl_ms);
+    acquire_round(nodes, req, ttl, 0.01, &TaskTracker::new()).await
 }
 
 /// [`acquire`], then waits for what it left running in the background (the release of a
 /// failed attempt on the nodes that had not answered), each call bounded by the node timeout.
 async fn acquire_and_settle(nodes: &[Arc<dyn Node>], req: &Request) -> Result<Duration, Failed> {
     let tasks = TaskTracker::new();
-    let result = acquire_round(nodes, req, 0.01, &tasks).await;
+    let ttl = Duration::from_millis(req.ttl_ms);
+    let result = acquire_round(nodes, req, ttl, 0.01, &tasks).await;
     tasks.close();
     tasks.wait().await;
     result
