@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use tokio::time::Sleep;
 
 use super::connection::LazyConnection;
-use super::identity::Identity;
+use super::identity::{Due, Identity};
 use super::{Op, Reply, Request};
 use crate::error::NodeFailure;
 
@@ -82,15 +82,27 @@ impl ServerLink {
     /// of quarantine, and the votes are counted knowing its state.
     async fn call(&mut self, runs: &[Run]) -> Result<Vec<Value>, NodeFailure> {
         let mut conn = self.connection.connection().await?;
-        self.identity.check_if_due(&mut conn).await;
-        write_call(
-            runs.iter(),
-            &mut self.script,
-            "EVALSHA",
-            BATCH.get_hash(),
-            self.identity.repairs(),
-        );
-        let err = match self.script.query_async(&mut conn).await {
+        let beside = match self.identity.due() {
+            Due::Before => {
+                self.identity.check(&mut conn).await;
+                false
+            }
+            Due::Beside => true,
+            Due::No => false,
+        };
+        self.write(runs);
+        let result = if beside {
+            // Pipelined on the multiplexed connection: one round trip for both.
+            let mut side = conn.clone();
+            let (result, ()) = tokio::join!(
+                self.script.query_async::<Vec<Value>>(&mut conn),
+                self.identity.check(&mut side)
+            );
+            result
+        } else {
+            self.script.query_async(&mut conn).await
+        };
+        let err = match result {
             Ok(replies) => return Ok(replies),
             Err(err) => err,
         };
@@ -99,19 +111,32 @@ impl ServerLink {
             return Err(err.into());
         }
         self.identity.suspect();
-        if !noscript {
+        if noscript {
+            // The script is loaded first (beside the identity check, in one round trip), so
+            // that a call given up at its deadline still leaves it there for the next.
+            let mut side = conn.clone();
+            let (loaded, ()) =
+                tokio::join!(BATCH.load_async(&mut conn), self.identity.check(&mut side));
+            loaded?;
+        } else {
             tracing::debug!(%err, "connection lost; retrying the batch once");
             conn = self.connection.connection().await?;
+            self.identity.check(&mut conn).await;
         }
-        self.identity.check_if_due(&mut conn).await;
+        self.write(runs);
+        Ok(evalsha(&self.script, &mut conn).await?)
+    }
+
+    /// Writes `runs` as the call to send, repairing where the server is out of quarantine.
+    fn write(&mut self, runs: &[Run]) {
+        let repair = self.identity.repairs();
         write_call(
             runs.iter(),
             &mut self.script,
             "EVALSHA",
             BATCH.get_hash(),
-            self.identity.repairs(),
+            repair,
         );
-        Ok(evalsha(&self.script, &mut conn).await?)
     }
 }
 

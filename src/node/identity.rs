@@ -57,6 +57,19 @@ impl QuarantineRule {
     }
 }
 
+/// When a server's identity is read next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Due {
+    /// Not now (read recently, quarantine off, or the server cannot tell).
+    No,
+    /// Before the next call: never read, or something suggested a restart; the call's
+    /// repairs and votes depend on it.
+    Before,
+    /// Beside the next call (the periodic check, in the same round trip): a restart that
+    /// nothing else revealed.
+    Beside,
+}
+
 /// One server's identity as last read, and its quarantine.
 pub(crate) struct Identity {
     rule: QuarantineRule,
@@ -103,17 +116,19 @@ impl Identity {
         self.quarantined().is_none()
     }
 
-    /// Whether the identity should be read before the next call.
-    pub(crate) fn due(&self) -> bool {
+    /// Whether, and how, the identity should be read with the next call.
+    pub(crate) fn due(&self) -> Due {
         if self.rule.period.is_zero() {
-            return false;
+            return Due::No;
         }
         let state = self.state();
-        !state.unsupported
-            && (state.suspect
-                || state
-                    .checked_at
-                    .is_none_or(|at| clock::since(at) >= RECHECK))
+        match state.checked_at {
+            _ if state.unsupported => Due::No,
+            None => Due::Before,
+            Some(_) if state.suspect => Due::Before,
+            Some(at) if clock::since(at) >= RECHECK => Due::Beside,
+            Some(_) => Due::No,
+        }
     }
 
     /// Something suggested a restart (a lost connection, `NOSCRIPT`): read the identity
@@ -141,17 +156,24 @@ impl Identity {
         state.suspect = false;
     }
 
-    /// Reads the identity on `conn` if it is due. A server that refuses `INFO` (an ACL, a
-    /// proxy) is not asked again and never quarantined; any other failure leaves the check due
-    /// (the lock call that follows reports the connection's state).
-    pub(crate) async fn check_if_due<C: ConnectionLike + Send>(&self, conn: &mut C) {
-        if !self.due() {
-            return;
+    /// Reads the identity on `conn` (unless quarantine is off or the server cannot tell). A
+    /// server that refuses `INFO` (an ACL, a proxy) is not asked again and never quarantined;
+    /// any other failure leaves the check due before the next call (the lock call that follows
+    /// reports the connection's state).
+    pub(crate) async fn check<C: ConnectionLike + Send>(&self, conn: &mut C) {
+        {
+            let state = self.state();
+            if self.rule.period.is_zero() || state.unsupported {
+                return;
+            }
         }
         match read(conn).await {
             Ok(Some((run_id, uptime))) => self.observe(&run_id, uptime),
             Ok(None) => self.give_up("INFO server has no run_id or uptime"),
-            Err(err) if err.code().is_some() => self.give_up(&err.to_string()),
+            // Refused for good (an ACL without INFO, a proxy that does not know it).
+            Err(err) if matches!(err.code(), Some("NOPERM" | "ERR")) => {
+                self.give_up(&err.to_string());
+            }
             Err(err) => {
                 tracing::debug!(%err, "could not read the server's identity");
                 self.suspect();
@@ -232,12 +254,12 @@ mod tests {
             period: 60 * S,
             first_contact: false,
         });
-        assert!(identity.due());
+        assert_eq!(identity.due(), Due::Before);
         identity.observe("a", 100 * S);
-        assert!(!identity.due());
+        assert_eq!(identity.due(), Due::No);
         assert_eq!(identity.quarantined(), None);
         identity.suspect();
-        assert!(identity.due());
+        assert_eq!(identity.due(), Due::Before);
         identity.observe("b", 20 * S);
         let left = identity.quarantined().expect("quarantined");
         assert!(left <= 40 * S && left > 39 * S, "{left:?}");
