@@ -69,11 +69,22 @@ fn redlock(cluster: &dyn Cluster) -> Redlock {
 /// connection, through the proxy, and the script loaded on an empty server): the restart
 /// scenarios' single attempts must reach the restarted nodes.
 fn patient_redlock(cluster: &dyn Cluster) -> Redlock {
+    patient_builder(cluster).build().expect("config")
+}
+
+fn patient_builder(cluster: &dyn Cluster) -> redfence::RedlockBuilder {
     Redlock::builder()
         .nodes(cluster.urls())
         .retry_count(2)
         .retry_delay(Duration::from_millis(10))
         .node_timeout(Duration::from_millis(500))
+}
+
+/// As [`patient_redlock`], without the restart quarantine: Redlock as published, whose known
+/// weakness the restart scenarios show (and an operator's own mitigations).
+fn unquarantined_redlock(cluster: &dyn Cluster) -> Redlock {
+    patient_builder(cluster)
+        .restart_quarantine(Duration::ZERO)
         .build()
         .expect("config")
 }
@@ -246,10 +257,10 @@ async fn held_everywhere_then_restart_three(
 }
 
 /// The known Redlock weakness: a majority restarted empty forgets the lock, and a second owner
-/// gets in during the first owner's TTL.
+/// gets in during the first owner's TTL (without the restart quarantine).
 async fn restart_lets_a_second_owner_in(cluster: &mut dyn Cluster) {
     let name = cluster.name();
-    let redlock = patient_redlock(cluster);
+    let redlock = unquarantined_redlock(cluster);
     let first = held_everywhere_then_restart_three(cluster, &redlock).await;
     let second = redlock.try_acquire(&["job"], TTL).await;
     assert!(
@@ -261,10 +272,33 @@ async fn restart_lets_a_second_owner_in(cluster: &mut dyn Cluster) {
     );
 }
 
-/// Mitigation 1: restart only after the longest TTL has passed.
-async fn delayed_restart_prevents_it(cluster: &mut dyn Cluster) {
+/// The restart quarantine (on by default for restarts seen while connected): the restarted
+/// majority's grants do not count, and the error says so.
+async fn quarantine_prevents_it(cluster: &mut dyn Cluster) {
     let name = cluster.name();
     let redlock = patient_redlock(cluster);
+    let first = held_everywhere_then_restart_three(cluster, &redlock).await;
+    let err = redlock
+        .try_acquire(&["job"], TTL)
+        .await
+        .expect_err("a restarted majority is quarantined");
+    let Error::QuorumUnreachable { errors, .. } = &err else {
+        panic!("{name}: expected QuorumUnreachable, got {err:?}");
+    };
+    let quarantined = errors
+        .iter()
+        .filter(|e| matches!(e.failure, redfence::NodeFailure::Quarantined { .. }))
+        .count();
+    assert_eq!(quarantined, 3, "{name}: {err}");
+    assert!(!first.is_expired());
+    first.release().await.expect("release");
+}
+
+/// Mitigation 1 (an operator's, without the quarantine): restart only after the longest TTL
+/// has passed.
+async fn delayed_restart_prevents_it(cluster: &mut dyn Cluster) {
+    let name = cluster.name();
+    let redlock = unquarantined_redlock(cluster);
     let max_ttl = Duration::from_secs(1);
     let first = redlock
         .acquire(&["job"], max_ttl)
@@ -316,6 +350,8 @@ async fn restart_without_persistence_local() {
     let mut cluster = LocalCluster::start(5).await;
     restart_lets_a_second_owner_in(&mut cluster).await;
     let mut cluster = LocalCluster::start(5).await;
+    quarantine_prevents_it(&mut cluster).await;
+    let mut cluster = LocalCluster::start(5).await;
     delayed_restart_prevents_it(&mut cluster).await;
     let mut cluster =
         LocalCluster::start_with(5, &["--appendonly", "yes", "--appendfsync", "always"]).await;
@@ -328,6 +364,9 @@ async fn restart_without_persistence_compose() {
     const MISSING: &str = "the docker-compose harness is not available (see above)";
     let mut cluster = ComposeCluster::up("restart without persistence").expect(MISSING);
     restart_lets_a_second_owner_in(&mut cluster).await;
+    drop(cluster);
+    let mut cluster = ComposeCluster::up("restart quarantine").expect(MISSING);
+    quarantine_prevents_it(&mut cluster).await;
     drop(cluster);
     let mut cluster = ComposeCluster::up("delayed restart").expect(MISSING);
     delayed_restart_prevents_it(&mut cluster).await;
