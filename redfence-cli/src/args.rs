@@ -37,6 +37,18 @@ pub struct Common {
           value_parser = duration, global = true)]
     pub node_timeout: Duration,
 
+    /// How long a restarted Redis server does not count toward a majority, also when first met
+    /// young (0s: off; default: 60s, for restarts seen while connected only)
+    #[arg(long, env = "REDFENCE_RESTART_QUARANTINE", value_parser = duration,
+          value_name = "DURATION", global = true)]
+    pub restart_quarantine: Option<Duration>,
+
+    /// After a lock ends without a release (a crash), keep its resources locked this much
+    /// longer (0s: off)
+    #[arg(long, env = "REDFENCE_LOCK_DELAY", default_value = "0s", value_parser = duration,
+          value_name = "DURATION", global = true)]
+    pub lock_delay: Duration,
+
     /// More log output on stderr (-v debug, -vv trace); RUST_LOG overrides
     #[arg(short, long, action = ArgAction::Count, global = true, conflicts_with = "quiet")]
     pub verbose: u8,
@@ -174,7 +186,12 @@ mod tests {
     fn every_variable_that_may_hold_a_url_is_kept_from_the_job() {
         // The variables redfence reads that cannot hold a URL; any other (a new one) must be
         // in child::SECRET_ENV, or added here once it is known to hold no secret.
-        const PLAIN: [&str; 2] = ["REDFENCE_KEY_PREFIX", "REDFENCE_NODE_TIMEOUT"];
+        const PLAIN: [&str; 4] = [
+            "REDFENCE_KEY_PREFIX",
+            "REDFENCE_NODE_TIMEOUT",
+            "REDFENCE_RESTART_QUARANTINE",
+            "REDFENCE_LOCK_DELAY",
+        ];
         let cli = Cli::command();
         let run = cli.find_subcommand("run").expect("run");
         let mut names: Vec<String> = cli
@@ -217,5 +234,23 @@ mod tests {
         };
         assert_eq!(run.ttl, Duration::from_secs(5));
         assert_eq!(run.command, ["echo", "-n", "hi"]);
+    }
+
+    #[test]
+    fn restart_quarantine_and_lock_delay_parse_and_default_off_or_unset() {
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["redfence", "--nodes", "redis://a:1"];
+            args.extend_from_slice(extra);
+            args.extend(["status", "job"]);
+            Cli::try_parse_from(args).expect("parses")
+        };
+        let cli = parse(&[]);
+        assert_eq!(cli.common.restart_quarantine, None);
+        assert_eq!(cli.common.lock_delay, Duration::ZERO);
+        let cli = parse(&["--restart-quarantine", "0s", "--lock-delay", "2s"]);
+        assert_eq!(cli.common.restart_quarantine, Some(Duration::ZERO));
+        assert_eq!(cli.common.lock_delay, Duration::from_secs(2));
+        let cli = parse(&["--restart-quarantine", "90s"]);
+        assert_eq!(cli.common.restart_quarantine, Some(Duration::from_secs(90)));
     }
 }

@@ -15,10 +15,15 @@ pub fn builder(common: &Common) -> Result<RedlockBuilder, Failure> {
             "no Redis nodes: give --nodes redis://host:port,... or set REDFENCE_NODES",
         ));
     }
-    Ok(Redlock::builder()
+    let builder = Redlock::builder()
         .nodes(common.nodes.iter().map(|url| url.trim()))
         .key_prefix(common.key_prefix.clone())
-        .node_timeout(common.node_timeout))
+        .node_timeout(common.node_timeout)
+        .lock_delay(common.lock_delay);
+    Ok(match common.restart_quarantine {
+        Some(period) => builder.restart_quarantine(period),
+        None => builder,
+    })
 }
 
 /// Builds the `Redlock`: a bad URL or option is a usage error.
