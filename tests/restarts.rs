@@ -274,3 +274,38 @@ fn an_absurd_lock_delay_or_quarantine_is_refused() {
     assert!(err.to_string().contains("restart_quarantine"), "{err}");
     assert!(build(Redlock::builder().lock_delay(Duration::from_secs(5))).is_ok());
 }
+
+/// The batch script's "E" (extend and repair) straight on a server: keys that hold the token
+/// are re-armed, missing ones set again, all or nothing; another owner's key (or a key of
+/// another type) refuses the whole operation and changes nothing. "e" never sets a key.
+#[test]
+fn extend_and_repair_sets_only_missing_keys_all_or_nothing() {
+    const SCRIPT: &str = include_str!("../src/scripts/batch.lua");
+    let servers = Servers::start(1);
+    let run = |keys: &[&str], args: &[&str]| -> Vec<i64> {
+        let mut conn = servers.conn(0);
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(SCRIPT).arg(keys.len()).arg(keys).arg(args);
+        cmd.query(&mut conn).expect("batch")
+    };
+    let _: () = servers.cmd(0, &["SET", "mine", "tok", "PX", "1000"]);
+    let _: () = servers.cmd(0, &["SET", "theirs", "other", "PX", "60000"]);
+    let _: () = servers.cmd(0, &["HSET", "hash", "f", "v"]);
+    // "e" on a missing key: refused, nothing set.
+    assert_eq!(run(&["mine", "gone"], &["e", "tok", "60000", "2"]), vec![0]);
+    assert_eq!(servers.get(0, "gone"), None);
+    // "E": ours re-armed, the missing one set again.
+    assert_eq!(run(&["mine", "gone"], &["E", "tok", "60000", "2"]), vec![2]);
+    assert_eq!(servers.get(0, "gone").as_deref(), Some("tok"));
+    assert!(servers.pttl(0, "mine") > 50_000);
+    assert!(servers.pttl(0, "gone") > 50_000);
+    // Another owner's key, or one of another type: nothing changes.
+    let replies = run(
+        &["missing1", "theirs", "missing2", "hash"],
+        &["E", "tok", "60000", "2", "E", "tok", "60000", "2"],
+    );
+    assert_eq!(replies, vec![0, 0]);
+    assert_eq!(servers.get(0, "missing1"), None);
+    assert_eq!(servers.get(0, "missing2"), None);
+    assert_eq!(servers.get(0, "theirs").as_deref(), Some("other"));
+}
