@@ -309,3 +309,35 @@ fn extend_and_repair_sets_only_missing_keys_all_or_nothing() {
     assert_eq!(servers.get(0, "missing2"), None);
     assert_eq!(servers.get(0, "theirs").as_deref(), Some("other"));
 }
+
+/// `using()` with a lock-delay: the keys carry `ttl + delay` on the servers, while the
+/// signal's remaining validity never exceeds the TTL, through the lease keeper's extensions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn using_with_lock_delay_keeps_validity_within_the_ttl() {
+    const DELAY: Duration = Duration::from_secs(2);
+    const TTL: Duration = Duration::from_secs(1);
+    let servers = Servers::start(5);
+    let redlock = with_delay(&servers, DELAY);
+    warm_up(&redlock).await;
+    let servers = &servers;
+    redlock
+        .using(&[RES], TTL, |signal| async move {
+            let until = Instant::now() + TTL * 2;
+            let mut max_pttl = 0;
+            while Instant::now() < until {
+                assert!(signal.remaining() <= TTL, "{:?}", signal.remaining());
+                max_pttl = max_pttl.max(servers.pttl(0, RES));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            // Held past its first TTL: extended, each time to ttl + delay on the servers.
+            signal.check()?;
+            assert!(max_pttl > 2_000, "server TTL {max_pttl} ms");
+            Ok::<(), Error>(())
+        })
+        .await
+        .expect("held through its extensions");
+    assert!(
+        eventually(|| (0..5).all(|i| servers.get(i, RES).is_none())).await,
+        "released at once"
+    );
+}
