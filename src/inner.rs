@@ -226,11 +226,14 @@ pub(crate) fn resource_names(resources: &[impl AsRef<str>]) -> Result<Vec<String
 impl Held {
     /// The request for one of this lock's rounds. The keys' server-side TTL of an acquire or
     /// an extend is `ttl` plus the lock-delay (`RedlockBuilder::lock_delay`); the validity is
-    /// always computed from `ttl` alone, by the caller.
+    /// always computed from `ttl` alone, by the caller. A release carries the same (the
+    /// script ignores it): a release given up is sent again for as long as the keys may live.
     pub(crate) fn request(&self, op: Op, ttl: Duration) -> Request {
         let server_ttl = match op {
-            Op::Acquire | Op::Extend => ttl.saturating_add(self.shared.config.lock_delay),
-            Op::Release | Op::Leave => ttl,
+            Op::Acquire | Op::Extend | Op::Release => {
+                ttl.saturating_add(self.shared.config.lock_delay)
+            }
+            Op::Leave => ttl,
         };
         Request {
             op,
