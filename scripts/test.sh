@@ -73,16 +73,8 @@ mapfile -t core_targets < <(test_targets .)
 mapfile -t cli_targets < <(test_targets redfence-cli)
 # `--workspace` (less redfence-postgres, whose targets share names with the core's) keeps the
 # features of the first build, so nothing is built again.
-# KNOWN FAILURE, skipped on Valkey 9.1 only: a Cluster voter's batch touches a lock key's
-# waiting mark (KEY:redfence:waiting, another hash slot), which Valkey 9 refuses ("Attempted to
-# access a non local key in a cluster node script"), so releases on a Cluster voter of Valkey 9
-# fail. Redis 7.0 and Valkey 8.1 run tests/cluster_voter.rs above and below. To fix next: the
-# batch sent by a Cluster link must leave the helper keys alone.
-mapfile -t core_targets_valkey9 < <(printf '%s\n' "${core_targets[@]}" | paste -d' ' - - | grep -vx -- '--test cluster_voter' | tr ' ' '\n')
 for valkey in "$valkey8" "$valkey9"; do
-    targets=("${core_targets[@]}")
-    [ "$valkey" = "$valkey9" ] && targets=("${core_targets_valkey9[@]}")
     echo "[test] the real-server suites against $("$valkey" --version | cut -d' ' -f1-3)"
     REDIS_SERVER="$valkey" cargo test --workspace --exclude redfence-postgres --all-features \
-        "${targets[@]}" "${cli_targets[@]}" -- --skip torture_
+        "${core_targets[@]}" "${cli_targets[@]}" -- --skip torture_
 done

@@ -77,7 +77,7 @@ impl Link for ServerLink {
         timeout: Duration,
         deadline: Pin<&'a mut Sleep>,
     ) -> Result<Replies, NodeFailure> {
-        write_script(runs.iter(), &mut self.script);
+        write_script(runs.iter(), Touch::WithHelpers, &mut self.script);
         tokio::select! {
             biased;
             replies = evalsha_once_more(&self.script, &self.connection) => {
@@ -266,23 +266,43 @@ impl Batch {
     }
 }
 
+/// Which keys a batch may touch besides the lock keys themselves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Touch {
+    /// The lock keys and their helper keys (waiting marks, fair queues) and the release
+    /// channel: a server, a Sentinel group's master.
+    WithHelpers,
+    /// The lock keys only (the script's `-` mode): a Cluster voter, where a helper key lies
+    /// in another hash slot (which Valkey 9 refuses in a script) and waiters poll.
+    KeysOnly,
+}
+
 /// `runs` as one `EVALSHA` of `scripts/batch.lua`: every operation's keys, then every
 /// operation's arguments (kind, token, TTL, key count, and the fair queue's three for `f`, `l`
 /// and `R`), written straight into one command buffer (no allocation per argument). Written
 /// into `script`, whose allocation the next batch reuses.
-pub(super) fn write_script<'r>(runs: impl Iterator<Item = &'r Run> + Clone, script: &mut Cmd) {
-    write_call(runs, script, "EVALSHA", BATCH.get_hash());
+pub(super) fn write_script<'r>(
+    runs: impl Iterator<Item = &'r Run> + Clone,
+    touch: Touch,
+    script: &mut Cmd,
+) {
+    write_call(runs, touch, script, "EVALSHA", BATCH.get_hash());
 }
 
 /// `runs` as one `EVAL` of the batch script's source: what a server that does not have the
 /// script yet runs, and keeps (see [`write_script`]).
 #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
-pub(super) fn write_eval<'r>(runs: impl Iterator<Item = &'r Run> + Clone, script: &mut Cmd) {
-    write_call(runs, script, "EVAL", BATCH_SOURCE);
+pub(super) fn write_eval<'r>(
+    runs: impl Iterator<Item = &'r Run> + Clone,
+    touch: Touch,
+    script: &mut Cmd,
+) {
+    write_call(runs, touch, script, "EVAL", BATCH_SOURCE);
 }
 
 fn write_call<'r>(
     runs: impl Iterator<Item = &'r Run> + Clone,
+    touch: Touch,
     script: &mut Cmd,
     command: &str,
     body: &str,
@@ -294,6 +314,9 @@ fn write_call<'r>(
         for key in run.req.keys.iter() {
             script.arg(key.as_str());
         }
+    }
+    if touch == Touch::KeysOnly {
+        script.arg("-");
     }
     for Run { req, .. } in runs {
         let kind = match (req.op, &req.queue) {

@@ -20,6 +20,9 @@
 -- attempt set the mark; a release deletes it with the key (one DEL) and, when the fair queue
 -- still holds waiters, sets it again. An uncontended release is then GET and DEL, nothing
 -- more; waiters woken by the message mark the key again if they are refused again.
+-- Keys only: when ARGV[1] is "-" (a Cluster voter's batch), nothing but the lock keys is
+-- touched: no waiting marks and no notification. A cluster refuses a helper key in another
+-- hash slot, and a Cluster voter's waiters poll (fair mode is refused there).
 -- Returns one reply per operation: acquire/extend the number of keys (0 = refused),
 -- release the number of keys deleted, leave 0, or "E:" and the error of that operation alone
 -- (e.g. WRONGTYPE when a key holds a hash).
@@ -28,6 +31,8 @@ local QUEUE, ALIVE, WAITING = ":redfence:queue", ":redfence:alive", ":redfence:w
 local MIN_WAIT_MARK = 10000
 -- The server's time (ms), read once per call when needed (see now_ms).
 local now = nil
+-- Keys only (see the top).
+local keys_only = ARGV[1] == "-"
 
 local function now_ms()
   local t = redis.call("TIME")
@@ -89,6 +94,9 @@ end
 -- Marks key as waited for, for ms or MIN_WAIT_MARK (see the top): its next release
 -- publishes. Best effort.
 local function mark(key, ms)
+  if keys_only then
+    return
+  end
   redis.pcall("SET", key .. WAITING, "1", "PX", math.max(tonumber(ms) or 0, MIN_WAIT_MARK))
 end
 
@@ -133,6 +141,12 @@ end
 -- Releases key if it holds token: 1 if deleted, else 0. waiter: a fair lock's own waiter
 -- id (its release also leaves the key's queue, when usable: see queue_ok), or nil.
 local function release(key, token, waiter)
+  if keys_only then
+    if redis.pcall("GET", key) ~= token then
+      return 0
+    end
+    return redis.call("DEL", key)
+  end
   local in_line = waiter ~= nil and queue_ok(key)
   if in_line then
     leave(key, waiter)
@@ -242,7 +256,7 @@ end
 
 local out = {}
 local k = 1
-local i = 1
+local i = keys_only and 2 or 1
 local n = 0
 while i <= #ARGV do
   n = n + 1
