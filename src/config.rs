@@ -36,6 +36,9 @@ pub(crate) struct Config {
     pub(crate) events: EventHook,
     /// Fair mode: waiters line up on every node (see `RedlockBuilder::fair`).
     pub(crate) fair: bool,
+    /// Plain commands where a server has compare-and-delete (see
+    /// `RedlockBuilder::native_commands`).
+    pub(crate) native_commands: bool,
 }
 
 impl Default for Config {
@@ -54,6 +57,7 @@ impl Default for Config {
             resource_type: ResourceType::default(),
             events: EventHook::none(),
             fair: false,
+            native_commands: true,
         }
     }
 }
@@ -72,6 +76,7 @@ impl fmt::Debug for Config {
             .field("fencing_timeout", &self.fencing_timeout)
             .field("key_prefix", &self.key_prefix)
             .field("fair", &self.fair)
+            .field("native_commands", &self.native_commands)
             .field("resource_type", &self.resource_type)
             .field("events", &self.events)
             .finish()

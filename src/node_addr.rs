@@ -184,7 +184,12 @@ impl NodeAddr {
         }
         let client = self.client(index)?;
         let identities = address::identities(client.get_connection_info());
-        let node = RedisNode::new(client, config.node_timeout, tasks.clone());
+        let node = RedisNode::new(
+            client,
+            config.node_timeout,
+            config.native_commands,
+            tasks.clone(),
+        );
         Ok(Voter {
             pubsub: Some(node.pubsub_client()),
             node: Arc::new(node),

@@ -13,7 +13,8 @@ use redis::{Cmd, ErrorKind, Script, ServerErrorKind, Value};
 use tokio::sync::oneshot;
 use tokio::time::Sleep;
 
-use super::connection::LazyConnection;
+use super::connection::{Connection, LazyConnection};
+use super::natives::{self, Natives, Plan};
 use super::{Op, Reply, Request};
 use crate::error::NodeFailure;
 
@@ -49,24 +50,130 @@ pub(super) trait Link: Send + 'static {
 pub(super) enum Replies {
     /// Every request answered (one script call).
     All(Vec<Value>),
-    /// Each request's own outcome (a batch split over several servers, some of which failed).
-    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    /// Each request's own outcome (a batch split over several servers, some of which failed;
+    /// a pipeline of plain commands and script calls).
     Each(Vec<Result<Value, NodeFailure>>),
 }
 
-/// One server's link: the batch as one `EVALSHA` over its [`LazyConnection`].
+/// One server's link: the batch as one `EVALSHA` over its [`LazyConnection`], or, on a
+/// server with compare-and-delete, as one pipeline of plain commands and script calls (see
+/// [`natives`](super::natives)).
 pub(super) struct ServerLink {
     connection: Arc<LazyConnection>,
     /// The call being sent, kept for the next batch's (its allocation reused).
     script: Cmd,
+    /// What the server has, for the connection of this generation; `None` when plain
+    /// commands are turned off (`RedlockBuilder::native_commands`).
+    natives: Option<(u64, Natives)>,
 }
 
 impl ServerLink {
-    pub(super) fn new(connection: Arc<LazyConnection>) -> Self {
+    pub(super) fn new(connection: Arc<LazyConnection>, native_commands: bool) -> Self {
         ServerLink {
             connection,
             script: Cmd::new(),
+            natives: native_commands.then_some((0, Natives::Unknown)),
         }
+    }
+
+    /// What the server behind `conn` has: asked once per connection.
+    async fn natives(&mut self, conn: &mut Connection) -> Natives {
+        let Some((generation, natives)) = self.natives else {
+            return Natives::Absent;
+        };
+        if generation == conn.generation() && natives != Natives::Unknown {
+            return natives;
+        }
+        let info = natives::command_info().query_async::<Value>(conn).await;
+        if let Err(err) = &info
+            && (err.is_io_error() || err.is_connection_dropped())
+        {
+            return Natives::Absent; // ask again on the next call
+        }
+        let natives = Natives::from_command_info(info);
+        self.natives = Some((conn.generation(), natives));
+        natives
+    }
+
+    /// Sends `runs` as one pipeline of plain commands and script calls ([`Plan`]), then what
+    /// follows their contended ones, while `deadline` allows.
+    async fn send_plain(
+        &mut self,
+        mut conn: Connection,
+        natives: Natives,
+        runs: &[Run],
+        mut deadline: Pin<&mut Sleep>,
+        timeout: Duration,
+    ) -> Result<Replies, NodeFailure> {
+        let plan = Plan::new(runs, natives);
+        let sent = async {
+            // Every command is repeat-safe for its token, as the script is: once more after a
+            // lost connection.
+            let values = match conn
+                .req_packed_commands(&plan.pipeline, 0, plan.commands)
+                .await
+            {
+                Err(err) if err.is_io_error() || err.is_connection_dropped() => {
+                    tracing::debug!(%err, "connection lost; retrying the batch once");
+                    conn = self.connection.connection().await?;
+                    conn.req_packed_commands(&plan.pipeline, 0, plan.commands)
+                        .await?
+                }
+                other => other?,
+            };
+            check_count(values.len(), plan.commands)?;
+            let outcome = plan.read(runs, values);
+            let mut replies: Vec<Result<Value, NodeFailure>> = outcome
+                .replies
+                .iter()
+                .map(|reply| Ok(reply.clone().unwrap_or(Value::Nil)))
+                .collect();
+            if !outcome.again.is_empty() {
+                let mut call = Cmd::new();
+                let again = outcome.again.iter().map(|&i| &runs[i]);
+                write_script(again, Touch::WithHelpers, &mut call);
+                match evalsha(&call, &mut conn).await {
+                    Ok(values) if values.len() == outcome.again.len() => {
+                        for (&i, value) in outcome.again.iter().zip(values) {
+                            replies[i] = Ok(value);
+                        }
+                    }
+                    other => {
+                        let failure = NodeFailure::from(match other {
+                            Err(err) => err,
+                            Ok(_) => count_mismatch(),
+                        });
+                        for &i in &outcome.again {
+                            replies[i] = Err(failure.clone());
+                        }
+                    }
+                }
+            }
+            Ok::<_, NodeFailure>((replies, outcome))
+        };
+        let (replies, outcome) = tokio::select! {
+            biased;
+            sent = sent => sent?,
+            () = deadline.as_mut() => return Err(NodeFailure::Timeout(timeout)),
+        };
+        if let Some((natives, generation)) = self.natives.as_mut().map(|(g, n)| (n, *g))
+            && generation == conn.generation()
+        {
+            if outcome.refused {
+                *natives = Natives::Refused;
+            } else if *natives == Natives::Releases && outcome.released {
+                *natives = Natives::All;
+            }
+        }
+        // Best effort: a waiter that misses the mark or the message polls.
+        if let Some((follow_up, commands)) = natives::follow_up(&outcome) {
+            tokio::select! {
+                biased;
+                _ = conn.req_packed_commands(&follow_up, 0, commands) => {}
+                () = deadline => {}
+            }
+        }
+        Ok(Replies::Each(replies))
     }
 }
 
@@ -75,8 +182,25 @@ impl Link for ServerLink {
         &'a mut self,
         runs: &'a [Run],
         timeout: Duration,
-        deadline: Pin<&'a mut Sleep>,
+        mut deadline: Pin<&'a mut Sleep>,
     ) -> Result<Replies, NodeFailure> {
+        if self.natives.is_some() {
+            let ready = async {
+                let mut conn = self.connection.connection().await?;
+                let natives = self.natives(&mut conn).await;
+                Ok::<_, NodeFailure>((conn, natives))
+            };
+            let (conn, natives) = tokio::select! {
+                biased;
+                ready = ready => ready?,
+                () = deadline.as_mut() => return Err(NodeFailure::Timeout(timeout)),
+            };
+            if natives.any_plain(runs) {
+                return self
+                    .send_plain(conn, natives, runs, deadline, timeout)
+                    .await;
+            }
+        }
         write_script(runs.iter(), Touch::WithHelpers, &mut self.script);
         tokio::select! {
             biased;
@@ -116,6 +240,18 @@ pub(super) struct Run {
     pub(super) req: Request,
     reply: Option<Reply>,
     resend_until: Option<Instant>,
+}
+
+#[cfg(test)]
+impl Run {
+    /// A request nobody waits for, for tests of how a batch is written.
+    pub(super) fn unanswered(req: Request) -> Run {
+        Run {
+            req,
+            reply: None,
+            resend_until: None,
+        }
+    }
 }
 
 /// The requests of one call, and the markers that wait for it.
@@ -445,6 +581,7 @@ fn parse(value: Value) -> Result<i64, NodeFailure> {
                 .to_owned(),
         )),
         Value::SimpleString(text) => Err(error(text.trim_start_matches("E:").to_owned())),
+        Value::ServerError(err) => Err(NodeFailure::from(redis::RedisError::from(err))),
         other => Err(error(format!("unexpected reply {other:?}"))),
     }
 }

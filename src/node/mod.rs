@@ -11,6 +11,7 @@ pub(crate) mod connect;
 mod connection;
 #[cfg(test)]
 pub(crate) mod fake;
+mod natives;
 mod pipeline;
 mod redis;
 mod resend;

@@ -27,14 +27,21 @@ pub(crate) struct RedisNode {
 }
 
 impl RedisNode {
-    pub(crate) fn new(client: Client, node_timeout: Duration, tasks: TaskTracker) -> Self {
+    /// A master reached through `client`; `native_commands` as
+    /// `RedlockBuilder::native_commands`.
+    pub(crate) fn new(
+        client: Client,
+        node_timeout: Duration,
+        native_commands: bool,
+        tasks: TaskTracker,
+    ) -> Self {
         let info = client.get_connection_info();
         let addr = format!("{}/{}", info.addr(), info.redis_settings().db());
         let shared =
             Arc::new(LazyConnection::new(client, connect_timeout(node_timeout)).tracked_by(tasks));
         let connection = Arc::clone(&shared);
         let queue = Queue::new(&addr, node_timeout, move || {
-            ServerLink::new(Arc::clone(&connection))
+            ServerLink::new(Arc::clone(&connection), native_commands)
         });
         RedisNode {
             addr,

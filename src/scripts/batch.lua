@@ -6,7 +6,7 @@
 --        for "f", "l" and "R" also the waiter id, its ticket and its lease in milliseconds.
 --        Kinds: "a" acquire, "e" extend, "r" release, "f" acquire in turn (fair mode),
 --        "l" leave the fair queue, "R" release and leave the fair queue (a fair lock's
---        release). KEYS = every operation's keys, in order.
+--        release), "n" announce a release made by a plain command. KEYS = every operation's keys, in order.
 -- Fair queue of a key K: the sorted set K..":redfence:queue" (waiter by ticket) and
 -- K..":redfence:alive" (waiter by the server time, in ms, its lease ends); a waiter that
 -- has not been heard from for its lease is dropped. "f" grants only the waiter at the head
@@ -24,7 +24,7 @@
 -- touched: no waiting marks and no notification. A cluster refuses a helper key in another
 -- hash slot, and a Cluster voter's waiters poll (fair mode is refused there).
 -- Returns one reply per operation: acquire/extend the number of keys (0 = refused),
--- release the number of keys deleted, leave 0, or "E:" and the error of that operation alone
+-- release the number of keys deleted, leave and announce 0, or "E:" and the error of that operation alone
 -- (e.g. WRONGTYPE when a key holds a hash).
 local QUEUE, ALIVE, WAITING = ":redfence:queue", ":redfence:alive", ":redfence:waiting"
 -- How long waiting marks a key, at least (ms): well beyond a retry delay.
@@ -138,6 +138,26 @@ local function acquire(first, last, token, ttl, count)
   return count
 end
 
+-- Whether key has a fair queue that can be read (see queue_ok).
+local function has_queue(key)
+  return redis.pcall("EXISTS", key .. QUEUE) == 1 and queue_ok(key)
+end
+
+-- Announces that key was released while someone waited: publishes the waiter now at the head
+-- of its fair queue (when read_queue; "" if none) and marks the key again while fair waiters
+-- remain in line.
+local function announce(key, read_queue)
+  local next = ""
+  if read_queue then
+    now = now or now_ms()
+    next = head(key, now) or ""
+  end
+  if next ~= "" then
+    mark(key, 0)
+  end
+  redis.pcall("PUBLISH", "redfence:released:" .. key, next)
+end
+
 -- Releases key if it holds token: 1 if deleted, else 0. waiter: a fair lock's own waiter
 -- id (its release also leaves the key's queue, when usable: see queue_ok), or nil.
 local function release(key, token, waiter)
@@ -163,16 +183,7 @@ local function release(key, token, waiter)
   -- Notifying is best effort: a user without the permissions for it (an older ACL line)
   -- still releases, and its waiters poll.
   if in_line or gone > 1 then
-    local next = ""
-    if in_line or (waiter == nil and redis.pcall("EXISTS", key .. QUEUE) == 1
-        and queue_ok(key)) then
-      now = now or now_ms()
-      next = head(key, now) or ""
-    end
-    if next ~= "" then
-      mark(key, 0) -- fair waiters are still in line
-    end
-    redis.pcall("PUBLISH", "redfence:released:" .. key, next)
+    announce(key, in_line or (waiter == nil and has_queue(key)))
   end
   return 1
 end
@@ -227,6 +238,15 @@ local function operation(i, k)
     for j = first, last do
       if queue_ok(KEYS[j]) then
         leave(KEYS[j], waiter)
+      end
+    end
+    reply = 0
+  elseif kind == "n" then
+    -- After a plain compare-and-delete found the key's waiting mark (node/natives.rs): the
+    -- rest of a release, if the mark is still there.
+    for j = first, last do
+      if redis.pcall("DEL", KEYS[j] .. WAITING) == 1 then
+        announce(KEYS[j], has_queue(KEYS[j]))
       end
     end
     reply = 0
