@@ -215,7 +215,7 @@ impl RedlockBuilder {
     /// fair mode always use the script. Keys and values are the same either way.
     ///
     /// Each server is asked once per connection (`COMMAND INFO DELIFEQ`; a user not allowed to
-    /// ask gets the script). Acquires go plain only after a plain release went through, and a
+    /// ask gets the script). Acquires go plain only after a release went through, and a
     /// refused plain command (`NOPERM`, or an unknown command after the server was replaced
     /// by an older one) turns that connection back to the script, so that an ACL user
     /// without `+delifeq` still releases what it acquires. An ACL line for plain commands

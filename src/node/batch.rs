@@ -64,7 +64,9 @@ pub(super) struct ServerLink {
     script: Cmd,
     /// What the server has, for the connection of this generation; `None` when plain
     /// commands are turned off (`RedlockBuilder::native_commands`).
-    natives: Option<(u64, Natives)>,
+    natives: Option<(u64, Option<Natives>)>,
+    /// The pipeline being sent, kept for the next batch's.
+    plan: Plan,
 }
 
 impl ServerLink {
@@ -72,27 +74,32 @@ impl ServerLink {
         ServerLink {
             connection,
             script: Cmd::new(),
-            natives: native_commands.then_some((0, Natives::Unknown)),
+            natives: native_commands.then_some((0, None)),
+            plan: Plan::default(),
         }
     }
 
     /// What the server behind `conn` has: asked once per connection.
     async fn natives(&mut self, conn: &mut Connection) -> Natives {
-        let Some((generation, natives)) = self.natives else {
-            return Natives::Absent;
+        let Some((generation, natives)) = &mut self.natives else {
+            return Natives::default();
         };
-        if generation == conn.generation() && natives != Natives::Unknown {
-            return natives;
-        }
-        let info = natives::command_info().query_async::<Value>(conn).await;
-        if let Err(err) = &info
-            && (err.is_io_error() || err.is_connection_dropped())
+        if let Some(natives) = natives
+            && *generation == conn.generation()
         {
-            return Natives::Absent; // ask again on the next call
+            return *natives;
         }
-        let natives = Natives::from_command_info(info);
-        self.natives = Some((conn.generation(), natives));
-        natives
+        let detected = match conn.req_packed_command(&natives::detection()).await {
+            Ok(command_info) => Natives::detected(&command_info),
+            // Lost on the way: ask again on the next call.
+            Err(err) if err.is_io_error() || err.is_connection_dropped() => {
+                return Natives::default();
+            }
+            Err(_) => Natives::default(),
+        };
+        *generation = conn.generation();
+        *natives = Some(detected);
+        detected
     }
 
     /// Sends `runs` as one pipeline of plain commands and script calls ([`Plan`]), then what
@@ -105,7 +112,8 @@ impl ServerLink {
         mut deadline: Pin<&mut Sleep>,
         timeout: Duration,
     ) -> Result<Replies, NodeFailure> {
-        let plan = Plan::new(runs, natives);
+        let mut plan = std::mem::take(&mut self.plan);
+        plan.write(runs, natives);
         let sent = async {
             // Every command is repeat-safe for its token, as the script is: once more after a
             // lost connection.
@@ -122,11 +130,10 @@ impl ServerLink {
                 other => other?,
             };
             check_count(values.len(), plan.commands)?;
-            let outcome = plan.read(runs, values);
-            let mut replies: Vec<Result<Value, NodeFailure>> = outcome
-                .replies
-                .iter()
-                .map(|reply| Ok(reply.clone().unwrap_or(Value::Nil)))
+            let mut outcome = plan.read(runs, values);
+            let mut replies: Vec<Result<Value, NodeFailure>> = std::mem::take(&mut outcome.replies)
+                .into_iter()
+                .map(|reply| Ok(reply.unwrap_or(Value::Nil)))
                 .collect();
             if !outcome.again.is_empty() {
                 let mut call = Cmd::new();
@@ -151,19 +158,17 @@ impl ServerLink {
             }
             Ok::<_, NodeFailure>((replies, outcome))
         };
-        let (replies, outcome) = tokio::select! {
+        let sent = tokio::select! {
             biased;
-            sent = sent => sent?,
-            () = deadline.as_mut() => return Err(NodeFailure::Timeout(timeout)),
+            sent = sent => sent,
+            () = deadline.as_mut() => Err(NodeFailure::Timeout(timeout)),
         };
-        if let Some((natives, generation)) = self.natives.as_mut().map(|(g, n)| (n, *g))
-            && generation == conn.generation()
-        {
-            if outcome.refused {
-                *natives = Natives::Refused;
-            } else if *natives == Natives::Releases && outcome.released {
-                *natives = Natives::All;
-            }
+        self.plan = plan;
+        let (replies, outcome) = sent?;
+        if outcome.refused {
+            self.learn(&conn, |natives| *natives = Natives::default());
+        } else if outcome.released {
+            self.learn(&conn, |natives| natives.released = true);
         }
         // Best effort: a waiter that misses the mark or the message polls.
         if let Some((follow_up, commands)) = natives::follow_up(&outcome) {
@@ -177,6 +182,17 @@ impl ServerLink {
     }
 }
 
+impl ServerLink {
+    /// Updates what is known of the server behind `conn`, if it is still the current one.
+    fn learn(&mut self, conn: &Connection, update: impl FnOnce(&mut Natives)) {
+        if let Some((generation, Some(natives))) = &mut self.natives
+            && *generation == conn.generation()
+        {
+            update(natives);
+        }
+    }
+}
+
 impl Link for ServerLink {
     async fn send<'a>(
         &'a mut self,
@@ -184,6 +200,7 @@ impl Link for ServerLink {
         timeout: Duration,
         mut deadline: Pin<&'a mut Sleep>,
     ) -> Result<Replies, NodeFailure> {
+        let mut asked = None;
         if self.natives.is_some() {
             let ready = async {
                 let mut conn = self.connection.connection().await?;
@@ -200,15 +217,20 @@ impl Link for ServerLink {
                     .send_plain(conn, natives, runs, deadline, timeout)
                     .await;
             }
+            asked = Some(conn);
         }
         write_script(runs.iter(), Touch::WithHelpers, &mut self.script);
-        tokio::select! {
+        let replies = tokio::select! {
             biased;
-            replies = evalsha_once_more(&self.script, &self.connection) => {
-                Ok(Replies::All(replies?))
-            }
-            () = deadline => Err(NodeFailure::Timeout(timeout)),
+            replies = evalsha_once_more(&self.script, &self.connection) => replies?,
+            () = deadline => return Err(NodeFailure::Timeout(timeout)),
+        };
+        if let Some(conn) = asked
+            && runs.iter().any(|run| run.req.op == Op::Release)
+        {
+            self.learn(&conn, |natives| natives.released = true);
         }
+        Ok(Replies::All(replies))
     }
 }
 

@@ -2,7 +2,9 @@
 //! (Valkey 9's `DELIFEQ`): a single-key lock outside fair mode is `SET k t NX GET PX ttl` to
 //! acquire, `SET k t IFEQ t PX ttl` to extend and `DELIFEQ k t` to release, with no Lua. Keys
 //! and values are the script's, so node-redlock and redsync still interoperate. The rest of a
-//! batch (several keys, fair mode) goes as script calls in the same pipeline, in order.
+//! batch (several keys, fair mode) goes as script calls in the same pipeline, in order. On
+//! servers without compare-and-delete, plain acquires beside scripted releases did not pay
+//! (Redis 7.0: 64-way throughput 0.89–0.94×, BENCHMARKS.md): the script does everything there.
 //!
 //! What the script does beside a contended operation follows it, best effort: a refused
 //! acquire marks its key as waited for, and a release that found its key marked announces
@@ -10,38 +12,38 @@
 
 use std::ops::Range;
 
-use redis::{Cmd, Pipeline, RedisError, Value};
+use redis::{Cmd, Pipeline, RedisWrite, ToRedisArgs, Value};
 
 use super::batch::{BATCH, Run, Touch, write_script};
 use super::{Op, Request};
 use crate::helper_keys::{MIN_WAIT_MARK_MS, WAITING};
 
-/// What a server link knows of its server's commands, for the connection it uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Natives {
-    /// Not asked yet on this connection.
-    Unknown,
-    /// No `DELIFEQ`, or not allowed to ask (`COMMAND INFO`): the batch script for everything.
-    Absent,
-    /// `DELIFEQ` is there: releases and extensions go as plain commands, acquires still in the
-    /// script until a plain release went through, so that no lock is granted by a command this
-    /// user may run that it could not release.
-    Releases,
-    /// Everything a plain command can do goes as one.
-    All,
-    /// A plain command was refused (no permission; an unknown command after the server was
-    /// replaced by an older one): the batch script for everything, on this connection.
-    Refused,
+/// What a server link knows of its server's commands, for the connection it uses. `false`
+/// (the script for everything) on a server without compare-and-delete, for a user not allowed
+/// to ask (`COMMAND INFO`), or once a plain command was refused (no permission; an unknown
+/// command after the server was replaced by an older one).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Natives {
+    /// `DELIFEQ` and `SET … IFEQ` (Valkey 9): plain releases and extensions, and acquires
+    /// once `released`.
+    pub(super) delifeq: bool,
+    /// A release went through on this connection (plain, or the script): acquires go plain
+    /// only then, so that no lock is granted by a command this user may run that it could not
+    /// release.
+    pub(super) released: bool,
 }
 
 impl Natives {
-    /// From the reply to `COMMAND INFO DELIFEQ`: one entry, nil for an unknown command.
-    pub(super) fn from_command_info(reply: Result<Value, RedisError>) -> Natives {
-        match reply {
-            Ok(Value::Array(entries)) if matches!(entries.first(), Some(Value::Array(_))) => {
-                Natives::Releases
-            }
-            _ => Natives::Absent,
+    /// From the reply to `COMMAND INFO DELIFEQ` ([`detection`]): one entry, nil for an
+    /// unknown command.
+    pub(super) fn detected(command_info: &Value) -> Natives {
+        let delifeq = matches!(
+            command_info,
+            Value::Array(entries) if matches!(entries.first(), Some(Value::Array(_)))
+        );
+        Natives {
+            delifeq,
+            released: false,
         }
     }
 
@@ -50,10 +52,10 @@ impl Natives {
         if req.queue.is_some() || req.keys.len() != 1 {
             return None;
         }
-        match (req.op, self) {
-            (Op::Acquire, Natives::All) => Some(Plain::Acquire),
-            (Op::Extend, Natives::Releases | Natives::All) => Some(Plain::Extend),
-            (Op::Release, Natives::Releases | Natives::All) => Some(Plain::Release),
+        match req.op {
+            Op::Acquire if self.delifeq && self.released => Some(Plain::Acquire),
+            Op::Extend if self.delifeq => Some(Plain::Extend),
+            Op::Release if self.delifeq => Some(Plain::Release),
             _ => None,
         }
     }
@@ -64,8 +66,8 @@ impl Natives {
     }
 }
 
-/// The command `COMMAND INFO DELIFEQ`, which tells whether the server has it.
-pub(super) fn command_info() -> Cmd {
+/// What tells a link whether its server has compare-and-delete: `COMMAND INFO DELIFEQ`.
+pub(super) fn detection() -> Cmd {
     let mut cmd = redis::cmd("COMMAND");
     cmd.arg("INFO").arg("DELIFEQ");
     cmd
@@ -86,7 +88,9 @@ enum Piece {
     Script(Range<usize>),
 }
 
-/// A batch as one pipeline of plain commands and script calls, in the requests' order.
+/// A batch as one pipeline of plain commands and script calls, in the requests' order. Kept
+/// by its link and written anew for each batch (its allocations reused).
+#[derive(Default)]
 pub(super) struct Plan {
     pieces: Vec<Piece>,
     pub(super) pipeline: Pipeline,
@@ -102,10 +106,10 @@ pub(super) struct Outcome {
     /// Requests to run again in the script, in order: a script call the server had no script
     /// for (`NOSCRIPT`), or a plain command it refused.
     pub(super) again: Vec<usize>,
-    /// Whether a plain command was refused (the link turns to [`Natives::Refused`]).
+    /// Whether a plain command was refused (the link turns to the script for everything).
     pub(super) refused: bool,
-    /// Whether a plain release went through (a link in [`Natives::Releases`] turns to
-    /// [`Natives::All`]).
+    /// Whether a release went through, plain or in a script call (see
+    /// [`Natives::released`]).
     pub(super) released: bool,
     /// Waiting marks to set: (key, TTL in milliseconds) of each refused acquire.
     pub(super) marks: Vec<(String, u64)>,
@@ -115,8 +119,17 @@ pub(super) struct Outcome {
 
 impl Plan {
     /// `runs` as pieces, for a server whose commands are `natives`.
+    #[cfg(test)]
     pub(super) fn new(runs: &[Run], natives: Natives) -> Plan {
-        let mut pieces: Vec<Piece> = Vec::new();
+        let mut plan = Plan::default();
+        plan.write(runs, natives);
+        plan
+    }
+
+    /// Writes `runs` as pieces, for a server whose commands are `natives`.
+    pub(super) fn write(&mut self, runs: &[Run], natives: Natives) {
+        let pieces = &mut self.pieces;
+        pieces.clear();
         for (index, run) in runs.iter().enumerate() {
             match (natives.plain(&run.req), pieces.last_mut()) {
                 (Some(plain), _) => pieces.push(Piece::Plain(plain, index)),
@@ -124,9 +137,10 @@ impl Plan {
                 (None, _) => pieces.push(Piece::Script(index..index + 1)),
             }
         }
-        let mut pipeline = redis::pipe();
+        let pipeline = &mut self.pipeline;
+        pipeline.clear();
         let mut commands = 0;
-        for piece in &pieces {
+        for piece in pieces.iter() {
             match *piece {
                 Piece::Plain(plain, index) => {
                     let req = &runs[index].req;
@@ -147,7 +161,7 @@ impl Plan {
                         }
                         Plain::Release => {
                             pipeline.cmd("DELIFEQ").arg(key).arg(token);
-                            pipeline.cmd("EXISTS").arg(format!("{key}{WAITING}"));
+                            pipeline.cmd("EXISTS").arg(MarkOf(key));
                             commands += 1;
                         }
                     }
@@ -161,11 +175,7 @@ impl Plan {
                 }
             }
         }
-        Plan {
-            pieces,
-            pipeline,
-            commands,
-        }
+        self.commands = commands;
     }
 
     /// Reads the pipeline's `values` (one per command, as many as [`commands`](Self::commands))
@@ -228,6 +238,9 @@ impl Plan {
                 }
                 Piece::Script(ref range) => match next() {
                     Value::Array(values) if values.len() == range.len() => {
+                        if runs[range.clone()].iter().any(|run| run.req.op == Op::Release) {
+                            outcome.released = true;
+                        }
                         for (index, value) in range.clone().zip(values) {
                             outcome.replies[index] = Some(value);
                         }
@@ -255,6 +268,16 @@ impl Plan {
     }
 }
 
+/// The waiting mark of a lock key (`K:redfence:waiting`), written as one argument without
+/// an allocation of its own.
+struct MarkOf<'k>(&'k str);
+
+impl ToRedisArgs for MarkOf<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        out.write_arg_fmt(format_args!("{}{WAITING}", self.0));
+    }
+}
+
 /// Whether a plain command's error says the script must do its work: no permission for it
 /// (`NOPERM`), or a server that does not know it (`ERR unknown command`, after it was
 /// replaced by an older one).
@@ -273,7 +296,7 @@ pub(super) fn follow_up(outcome: &Outcome) -> Option<(Pipeline, usize)> {
     for (key, ttl_ms) in &outcome.marks {
         pipeline
             .cmd("SET")
-            .arg(format!("{key}{WAITING}"))
+            .arg(MarkOf(key))
             .arg("1")
             .arg("PX")
             .arg((*ttl_ms).max(MIN_WAIT_MARK_MS));
@@ -320,6 +343,11 @@ mod tests {
         value
     }
 
+    const ALL: Natives = Natives {
+        delifeq: true,
+        released: true,
+    };
+
     fn pieces(runs: &[Run], natives: Natives) -> Vec<Piece> {
         Plan::new(runs, natives).pieces
     }
@@ -341,7 +369,7 @@ mod tests {
             run(Op::Leave, &["g"], "t"),
         ];
         assert_eq!(
-            pieces(&runs, Natives::All),
+            pieces(&runs, ALL),
             vec![
                 Piece::Plain(Plain::Acquire, 0),
                 Piece::Script(1..3),
@@ -350,14 +378,17 @@ mod tests {
                 Piece::Script(5..6),
             ]
         );
-        // Acquires wait for a plain release to have gone through.
-        assert_eq!(pieces(&runs, Natives::Releases)[0], Piece::Script(0..3));
-        for natives in [Natives::Absent, Natives::Refused, Natives::Unknown] {
-            assert!(!natives.any_plain(&runs), "{natives:?}");
-            assert_eq!(pieces(&runs, natives), vec![Piece::Script(0..6)]);
-        }
+        // Acquires wait for a release to have gone through.
+        let unproven = Natives {
+            released: false,
+            ..ALL
+        };
+        assert_eq!(pieces(&runs, unproven)[0], Piece::Script(0..3));
+        let none = Natives::default();
+        assert!(!none.any_plain(&runs));
+        assert_eq!(pieces(&runs, none), vec![Piece::Script(0..6)]);
         // A release is two commands (DELIFEQ, EXISTS of the mark).
-        assert_eq!(Plan::new(&runs, Natives::All).commands, 6);
+        assert_eq!(Plan::new(&runs, ALL).commands, 6);
     }
 
     #[test]
@@ -374,7 +405,7 @@ mod tests {
             run(Op::Release, &["gone"], "t9"),
             run(Op::Release, &["wrongtype"], "t10"),
         ];
-        let plan = Plan::new(&runs, Natives::All);
+        let plan = Plan::new(&runs, ALL);
         let values = vec![
             Value::Nil,
             Value::BulkString(b"t2".to_vec()),
@@ -433,7 +464,7 @@ mod tests {
             run(Op::Extend, &["e"], "t3"),
             run(Op::Release, &["s"], "t4"),
         ];
-        let plan = Plan::new(&runs, Natives::All);
+        let plan = Plan::new(&runs, ALL);
         let values = vec![
             server_error("NOPERM User app has no permissions to run the 'delifeq' command"),
             Value::Int(0),
@@ -448,7 +479,7 @@ mod tests {
         assert_eq!(outcome.replies[3], Some(Value::Int(1)));
         assert!(follow_up(&outcome).is_none());
         // Another error of the script call is each of its requests' own.
-        let plan = Plan::new(&runs[1..2], Natives::All);
+        let plan = Plan::new(&runs[1..2], ALL);
         let outcome = plan.read(&runs[1..2], vec![server_error("BUSY Redis is busy")]);
         assert!(matches!(outcome.replies[0], Some(Value::ServerError(_))));
         assert!(outcome.again.is_empty() && !outcome.refused);
@@ -459,12 +490,11 @@ mod tests {
         let described = Value::Array(vec![Value::Array(vec![Value::BulkString(
             b"delifeq".to_vec(),
         )])]);
-        assert_eq!(Natives::from_command_info(Ok(described)), Natives::Releases);
-        assert_eq!(
-            Natives::from_command_info(Ok(Value::Array(vec![Value::Nil]))),
-            Natives::Absent
-        );
-        let refused = redis::RedisError::from((redis::ErrorKind::Extension, "NOPERM"));
-        assert_eq!(Natives::from_command_info(Err(refused)), Natives::Absent);
+        let valkey_9 = Natives::detected(&described);
+        assert!(valkey_9.delifeq && !valkey_9.released);
+        let unknown = Value::Array(vec![Value::Nil]);
+        assert_eq!(Natives::detected(&unknown), Natives::default());
+        let refused = server_error("NOPERM this user has no permissions to run the 'command'");
+        assert_eq!(Natives::detected(&refused), Natives::default());
     }
 }
