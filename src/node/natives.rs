@@ -238,7 +238,10 @@ impl Plan {
                 }
                 Piece::Script(ref range) => match next() {
                     Value::Array(values) if values.len() == range.len() => {
-                        if runs[range.clone()].iter().any(|run| run.req.op == Op::Release) {
+                        if runs[range.clone()]
+                            .iter()
+                            .any(|run| run.req.op == Op::Release)
+                        {
                             outcome.released = true;
                         }
                         for (index, value) in range.clone().zip(values) {
