@@ -4,7 +4,7 @@
 # for the docker-compose harness when Docker is available, then `cargo test --workspace
 # --all-features`; then the Redis-facing real-server suites (the core's and the command's) a
 # second time against Valkey 8.1 and a third time against Valkey 9.1 (the servers
-# scripts/setup.sh installs).
+# scripts/setup.sh installs), and the local torture run on Valkey 9.1 too.
 #
 # The docker-compose scenarios are #[ignore]d in a plain `cargo test` (they need the five
 # containers); here they run with `--ignored` where Docker and compose work, and are reported
@@ -78,3 +78,8 @@ for valkey in "$valkey8" "$valkey9"; do
     REDIS_SERVER="$valkey" cargo test --workspace --exclude redfence-postgres --all-features \
         "${core_targets[@]}" "${cli_targets[@]}" -- --skip torture_
 done
+# The local torture run once more on Valkey 9.1, where single-key locks go as plain commands
+# (SET NX GET, SET IFEQ, DELIFEQ) instead of the script.
+echo "[test] the local torture run against $("$valkey9" --version | cut -d' ' -f1-3)"
+REDFENCE_VALKEY="$valkey9" cargo test --workspace --all-features --test torture -- --nocapture \
+    torture_local
