@@ -34,244 +34,258 @@ local now = nil
 -- Keys only (see the top).
 local keys_only = ARGV[1] == "-"
 
-local function now_ms()
-  local t = redis.call("TIME")
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+-- Everything but the usual operations, made on the first operation that needs it: a call
+-- made only of one-key acquires, extensions and releases outside fair mode (most calls)
+-- creates none of these functions (each costs the server a closure per call; the whole set
+-- doubled a lone release's cost).
+local library = nil
+local function lib()
+  if library then
+    return library
+  end
+  local function now_ms()
+    local t = redis.call("TIME")
+    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
 
--- Whether key's queue and lease sets are sorted sets (or absent). A name that holds another
--- type (some other lock called "<key>:redfence:queue") makes only this operation fail, never
--- the whole batch.
-local function queue_ok(key)
-  for _, name in ipairs({key .. QUEUE, key .. ALIVE}) do
-    local t = redis.call("TYPE", name)["ok"]
-    if t ~= "zset" and t ~= "none" then
-      return false
+  -- Whether key's queue and lease sets are sorted sets (or absent). A name that holds another
+  -- type (some other lock called "<key>:redfence:queue") makes only this operation fail, never
+  -- the whole batch.
+  local function queue_ok(key)
+    for _, name in ipairs({key .. QUEUE, key .. ALIVE}) do
+      local t = redis.call("TYPE", name)["ok"]
+      if t ~= "zset" and t ~= "none" then
+        return false
+      end
     end
+    return true
   end
-  return true
-end
 
-local function queues_ok(first, last)
-  for j = first, last do
-    if not queue_ok(KEYS[j]) then
-      return false
+  local function queues_ok(first, last)
+    for j = first, last do
+      if not queue_ok(KEYS[j]) then
+        return false
+      end
     end
+    return true
   end
-  return true
-end
 
--- The waiter at the head of key's queue, after dropping those whose lease ended (in chunks:
--- unpack has a stack limit of a few thousand values). The caller checked queue_ok.
-local function head(key, now)
-  local queue, alive = key .. QUEUE, key .. ALIVE
-  local dead = redis.call("ZRANGEBYSCORE", alive, "-inf", now)
-  for c = 1, #dead, 1000 do
-    redis.call("ZREM", queue, unpack(dead, c, math.min(c + 999, #dead)))
-  end
-  if #dead > 0 then
-    redis.call("ZREMRANGEBYSCORE", alive, "-inf", now)
-  end
-  return redis.call("ZRANGE", queue, 0, 0)[1]
-end
-
--- Takes waiter out of key's queue. The caller checked queue_ok.
-local function leave(key, waiter)
-  redis.call("ZREM", key .. QUEUE, waiter)
-  redis.call("ZREM", key .. ALIVE, waiter)
-end
-
--- Whether every key of the operation holds token (the repeat of a request that landed).
-local function holds(first, last, token)
-  for j = first, last do
-    if redis.pcall("GET", KEYS[j]) ~= token then
-      return false
+  -- The waiter at the head of key's queue, after dropping those whose lease ended (in chunks:
+  -- unpack has a stack limit of a few thousand values). The caller checked queue_ok.
+  local function head(key, now)
+    local queue, alive = key .. QUEUE, key .. ALIVE
+    local dead = redis.call("ZRANGEBYSCORE", alive, "-inf", now)
+    for c = 1, #dead, 1000 do
+      redis.call("ZREM", queue, unpack(dead, c, math.min(c + 999, #dead)))
     end
-  end
-  return true
-end
-
--- Marks key as waited for, for ms or MIN_WAIT_MARK (see the top): its next release
--- publishes. Best effort.
-local function mark(key, ms)
-  if keys_only then
-    return
-  end
-  redis.pcall("SET", key .. WAITING, "1", "PX", math.max(tonumber(ms) or 0, MIN_WAIT_MARK))
-end
-
--- A refused acquire: marks the key it waits for.
-local function refused(key, ttl)
-  mark(key, ttl)
-  return 0
-end
-
-local function acquire(first, last, token, ttl, count)
-  -- One key (the usual lock): one SET when the key is free; GET only when it is taken, by
-  -- another owner, by us (a repeated request), or by a key of another type (WRONGTYPE).
-  if first == last then
-    if redis.call("SET", KEYS[first], token, "NX", "PX", ttl) then
-      return count
+    if #dead > 0 then
+      redis.call("ZREMRANGEBYSCORE", alive, "-inf", now)
     end
-    local value = redis.pcall("GET", KEYS[first])
-    if type(value) == "table" and value.err then
-      return "E:" .. value.err
-    end
-    if value ~= token then
-      return refused(KEYS[first], ttl)
-    end
-    redis.call("SET", KEYS[first], token, "PX", ttl)
-    return count
+    return redis.call("ZRANGE", queue, 0, 0)[1]
   end
-  for j = first, last do
-    local value = redis.pcall("GET", KEYS[j])
-    if type(value) == "table" and value.err then
-      return "E:" .. value.err
-    end
-    if value and value ~= token then
-      return refused(KEYS[j], ttl)
-    end
-  end
-  for j = first, last do
-    redis.call("SET", KEYS[j], token, "PX", ttl)
-  end
-  return count
-end
 
--- Whether key has a fair queue that can be read (see queue_ok).
-local function has_queue(key)
-  return redis.pcall("EXISTS", key .. QUEUE) == 1 and queue_ok(key)
-end
-
--- Announces that key was released while someone waited: publishes the waiter now at the head
--- of its fair queue (when read_queue; "" if none) and marks the key again while fair waiters
--- remain in line.
-local function announce(key, read_queue)
-  local next = ""
-  if read_queue then
-    now = now or now_ms()
-    next = head(key, now) or ""
+  -- Takes waiter out of key's queue. The caller checked queue_ok.
+  local function leave(key, waiter)
+    redis.call("ZREM", key .. QUEUE, waiter)
+    redis.call("ZREM", key .. ALIVE, waiter)
   end
-  if next ~= "" then
-    mark(key, 0)
-  end
-  redis.pcall("PUBLISH", "redfence:released:" .. key, next)
-end
 
--- Releases key if it holds token: 1 if deleted, else 0. waiter: a fair lock's own waiter
--- id (its release also leaves the key's queue, when usable: see queue_ok), or nil.
-local function release(key, token, waiter)
-  if keys_only then
-    if redis.pcall("GET", key) ~= token then
-      return 0
+  -- Whether every key of the operation holds token (the repeat of a request that landed).
+  local function holds(first, last, token)
+    for j = first, last do
+      if redis.pcall("GET", KEYS[j]) ~= token then
+        return false
+      end
     end
-    return redis.call("DEL", key)
+    return true
   end
-  local in_line = waiter ~= nil and queue_ok(key)
-  if in_line then
-    leave(key, waiter)
+
+  -- Marks key as waited for, for ms or MIN_WAIT_MARK (see the top): its next release
+  -- publishes. Best effort.
+  local function mark(key, ms)
+    if keys_only then
+      return
+    end
+    redis.pcall("SET", key .. WAITING, "1", "PX", math.max(tonumber(ms) or 0, MIN_WAIT_MARK))
   end
-  if redis.pcall("GET", key) ~= token then
+
+  -- A refused acquire: marks the key it waits for.
+  local function refused(key, ttl)
+    mark(key, ttl)
     return 0
   end
-  -- The key and its waiting mark: 2 deleted when someone waited. A user whose ACL key
-  -- pattern does not cover the mark still releases (the key alone), and its waiters poll.
-  local gone = redis.pcall("DEL", key, key .. WAITING)
-  if type(gone) ~= "number" then
-    gone = redis.call("DEL", key)
-  end
-  -- Notifying is best effort: a user without the permissions for it (an older ACL line)
-  -- still releases, and its waiters poll.
-  if in_line or gone > 1 then
-    announce(key, in_line or (waiter == nil and has_queue(key)))
-  end
-  return 1
-end
 
--- The operation at ARGV[i], whose keys start at KEYS[k]: its reply, and where the next
--- operation's arguments and keys start.
-local function operation(i, k)
-  local kind, token, ttl, count = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
-  local waiter, ticket, lease = nil, nil, nil
-  if kind == "f" or kind == "l" or kind == "R" then
-    waiter, ticket, lease = ARGV[i + 4], ARGV[i + 5], tonumber(ARGV[i + 6])
-    i = i + 7
-  else
-    i = i + 4
-  end
-  local first, last = k, k + count - 1
-  local reply
-  if kind == "a" then
-    reply = acquire(first, last, token, ttl, count)
-  elseif kind == "f" and not queues_ok(first, last) then
-    reply = "E:WRONGTYPE the fair queue of a key of this lock holds another type"
-  elseif kind == "f" and holds(first, last, token) then
-    -- A repeat of a grant that landed (the batch was resent after a lost connection): grant
-    -- again with a fresh TTL.
+  local function acquire(first, last, token, ttl, count)
+    -- One key (the usual lock): one SET when the key is free; GET only when it is taken, by
+    -- another owner, by us (a repeated request), or by a key of another type (WRONGTYPE).
+    if first == last then
+      if redis.call("SET", KEYS[first], token, "NX", "PX", ttl) then
+        return count
+      end
+      local value = redis.pcall("GET", KEYS[first])
+      if type(value) == "table" and value.err then
+        return "E:" .. value.err
+      end
+      if value ~= token then
+        return refused(KEYS[first], ttl)
+      end
+      redis.call("SET", KEYS[first], token, "PX", ttl)
+      return count
+    end
+    for j = first, last do
+      local value = redis.pcall("GET", KEYS[j])
+      if type(value) == "table" and value.err then
+        return "E:" .. value.err
+      end
+      if value and value ~= token then
+        return refused(KEYS[j], ttl)
+      end
+    end
     for j = first, last do
       redis.call("SET", KEYS[j], token, "PX", ttl)
     end
-    reply = count
-  elseif kind == "f" then
-    now = now or now_ms()
-    local ours = true
-    for j = first, last do
-      local queue, alive = KEYS[j] .. QUEUE, KEYS[j] .. ALIVE
-      redis.call("ZADD", queue, "NX", ticket, waiter)
-      redis.call("ZADD", alive, now + lease, waiter)
-      -- The line outlives its longest lease, and no more.
-      if redis.call("PTTL", queue) < lease then
-        redis.call("PEXPIRE", queue, lease)
-        redis.call("PEXPIRE", alive, lease)
-      end
-      mark(KEYS[j], math.max(tonumber(ttl) or 0, lease))
-      if head(KEYS[j], now) ~= waiter then
-        ours = false
-      end
-    end
-    if ours then
-      reply = acquire(first, last, token, ttl, count)
-    else
-      reply = 0
-    end
-  elseif kind == "l" then
-    for j = first, last do
-      if queue_ok(KEYS[j]) then
-        leave(KEYS[j], waiter)
-      end
-    end
-    reply = 0
-  elseif kind == "n" then
-    -- After a plain compare-and-delete found the key's waiting mark (node/natives.rs): the
-    -- rest of a release, if the mark is still there.
-    for j = first, last do
-      if redis.pcall("DEL", KEYS[j] .. WAITING) == 1 then
-        announce(KEYS[j], has_queue(KEYS[j]))
-      end
-    end
-    reply = 0
-  elseif kind == "e" then
-    reply = count
-    for j = first, last do
-      if redis.pcall("GET", KEYS[j]) ~= token then
-        reply = 0
-        break
-      end
-    end
-    if reply == count then
-      for j = first, last do
-        redis.call("PEXPIRE", KEYS[j], ttl)
-      end
-    end
-  else
-    local deleted = 0
-    local fair = kind == "R" and waiter or nil
-    for j = first, last do
-      deleted = deleted + release(KEYS[j], token, fair)
-    end
-    reply = deleted
+    return count
   end
-  return reply, i, k + count
+
+  -- Whether key has a fair queue that can be read (see queue_ok).
+  local function has_queue(key)
+    return redis.pcall("EXISTS", key .. QUEUE) == 1 and queue_ok(key)
+  end
+
+  -- Announces that key was released while someone waited: publishes the waiter now at the head
+  -- of its fair queue (when read_queue; "" if none) and marks the key again while fair waiters
+  -- remain in line.
+  local function announce(key, read_queue)
+    local next = ""
+    if read_queue then
+      now = now or now_ms()
+      next = head(key, now) or ""
+    end
+    if next ~= "" then
+      mark(key, 0)
+    end
+    redis.pcall("PUBLISH", "redfence:released:" .. key, next)
+  end
+
+  -- Releases key if it holds token: 1 if deleted, else 0. waiter: a fair lock's own waiter
+  -- id (its release also leaves the key's queue, when usable: see queue_ok), or nil.
+  local function release(key, token, waiter)
+    if keys_only then
+      if redis.pcall("GET", key) ~= token then
+        return 0
+      end
+      return redis.call("DEL", key)
+    end
+    local in_line = waiter ~= nil and queue_ok(key)
+    if in_line then
+      leave(key, waiter)
+    end
+    if redis.pcall("GET", key) ~= token then
+      return 0
+    end
+    -- The key and its waiting mark: 2 deleted when someone waited. A user whose ACL key
+    -- pattern does not cover the mark still releases (the key alone), and its waiters poll.
+    local gone = redis.pcall("DEL", key, key .. WAITING)
+    if type(gone) ~= "number" then
+      gone = redis.call("DEL", key)
+    end
+    -- Notifying is best effort: a user without the permissions for it (an older ACL line)
+    -- still releases, and its waiters poll.
+    if in_line or gone > 1 then
+      announce(key, in_line or (waiter == nil and has_queue(key)))
+    end
+    return 1
+  end
+
+  -- The operation at ARGV[i], whose keys start at KEYS[k]: its reply, and where the next
+  -- operation's arguments and keys start.
+  local function operation(i, k)
+    local kind, token, ttl, count = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
+    local waiter, ticket, lease = nil, nil, nil
+    if kind == "f" or kind == "l" or kind == "R" then
+      waiter, ticket, lease = ARGV[i + 4], ARGV[i + 5], tonumber(ARGV[i + 6])
+      i = i + 7
+    else
+      i = i + 4
+    end
+    local first, last = k, k + count - 1
+    local reply
+    if kind == "a" then
+      reply = acquire(first, last, token, ttl, count)
+    elseif kind == "f" and not queues_ok(first, last) then
+      reply = "E:WRONGTYPE the fair queue of a key of this lock holds another type"
+    elseif kind == "f" and holds(first, last, token) then
+      -- A repeat of a grant that landed (the batch was resent after a lost connection): grant
+      -- again with a fresh TTL.
+      for j = first, last do
+        redis.call("SET", KEYS[j], token, "PX", ttl)
+      end
+      reply = count
+    elseif kind == "f" then
+      now = now or now_ms()
+      local ours = true
+      for j = first, last do
+        local queue, alive = KEYS[j] .. QUEUE, KEYS[j] .. ALIVE
+        redis.call("ZADD", queue, "NX", ticket, waiter)
+        redis.call("ZADD", alive, now + lease, waiter)
+        -- The line outlives its longest lease, and no more.
+        if redis.call("PTTL", queue) < lease then
+          redis.call("PEXPIRE", queue, lease)
+          redis.call("PEXPIRE", alive, lease)
+        end
+        mark(KEYS[j], math.max(tonumber(ttl) or 0, lease))
+        if head(KEYS[j], now) ~= waiter then
+          ours = false
+        end
+      end
+      if ours then
+        reply = acquire(first, last, token, ttl, count)
+      else
+        reply = 0
+      end
+    elseif kind == "l" then
+      for j = first, last do
+        if queue_ok(KEYS[j]) then
+          leave(KEYS[j], waiter)
+        end
+      end
+      reply = 0
+    elseif kind == "n" then
+      -- After a plain compare-and-delete found the key's waiting mark (node/natives.rs): the
+      -- rest of a release, if the mark is still there.
+      for j = first, last do
+        if redis.pcall("DEL", KEYS[j] .. WAITING) == 1 then
+          announce(KEYS[j], has_queue(KEYS[j]))
+        end
+      end
+      reply = 0
+    elseif kind == "e" then
+      reply = count
+      for j = first, last do
+        if redis.pcall("GET", KEYS[j]) ~= token then
+          reply = 0
+          break
+        end
+      end
+      if reply == count then
+        for j = first, last do
+          redis.call("PEXPIRE", KEYS[j], ttl)
+        end
+      end
+    else
+      local deleted = 0
+      local fair = kind == "R" and waiter or nil
+      for j = first, last do
+        deleted = deleted + release(KEYS[j], token, fair)
+      end
+      reply = deleted
+    end
+    return reply, i, k + count
+  end
+
+  library = { operation = operation, acquire = acquire, announce = announce,
+    has_queue = has_queue, mark = mark }
+  return library
 end
 
 local out = {}
@@ -280,14 +294,44 @@ local i = keys_only and 2 or 1
 local n = 0
 while i <= #ARGV do
   n = n + 1
-  if ARGV[i] == "r" and ARGV[i + 3] == "1" then
-    -- The usual release (one key, not fair), first and with nothing else to decode: under
-    -- load about half of a batch's operations are these.
-    out[n] = release(KEYS[k], ARGV[i + 1], nil)
+  local kind, one = ARGV[i], ARGV[i + 3] == "1"
+  if one and (kind == "r" or kind == "a" or kind == "e") then
+    -- The usual operations (one key, not fair), with nothing else to decode: release as
+    -- release() does, acquire when the key is free, extend as the "e" branch does.
+    local key, token, ttl = KEYS[k], ARGV[i + 1], ARGV[i + 2]
+    if kind == "r" then
+      if redis.pcall("GET", key) ~= token then
+        out[n] = 0
+      elseif keys_only then
+        out[n] = redis.call("DEL", key)
+      else
+        -- The key and its waiting mark (see release()).
+        local gone = redis.pcall("DEL", key, key .. WAITING)
+        if type(gone) ~= "number" then
+          gone = redis.call("DEL", key)
+        end
+        if gone > 1 then
+          local l = lib()
+          l.announce(key, l.has_queue(key))
+        end
+        out[n] = 1
+      end
+    elseif kind == "a" then
+      if redis.call("SET", key, token, "NX", "PX", ttl) then
+        out[n] = 1
+      else
+        out[n] = lib().acquire(k, k, token, ttl, 1)
+      end
+    elseif redis.pcall("GET", key) == token then
+      redis.call("PEXPIRE", key, ttl)
+      out[n] = 1
+    else
+      out[n] = 0
+    end
     i = i + 4
     k = k + 1
   else
-    out[n], i, k = operation(i, k)
+    out[n], i, k = lib().operation(i, k)
   end
 end
 return out
