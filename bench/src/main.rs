@@ -37,9 +37,9 @@ use redis::Script;
 use redis::aio::ConnectionManager;
 
 static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../src/scripts/acquire.lua")));
+    LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
 static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../src/scripts/release.lua")));
+    LazyLock::new(|| Script::new(include_str!("../scripts/release.lua")));
 
 const TTL: Duration = Duration::from_secs(10);
 const PARALLEL: usize = 64;

@@ -1,7 +1,7 @@
 -- Batch: many locks' operations in one call, each all-or-nothing over its own keys and
--- independent of the others, run in order. Keys and values are those of acquire.lua,
--- extend.lua and release.lua (key = resource, value = owner token), so node-redlock and
--- redsync still interoperate.
+-- independent of the others, run in order. Keys and values are those of the single-lock
+-- scripts (bench/scripts/: key = resource, value = owner token), so node-redlock and redsync
+-- still interoperate.
 -- ARGV = for each operation: kind, owner token, ttl in milliseconds, number of keys, and
 --        for "f", "l" and "R" also the waiter id, its ticket and its lease in milliseconds.
 --        Kinds: "a" acquire, "e" extend, "r" release, "f" acquire in turn (fair mode),
