@@ -276,6 +276,43 @@ impl Run {
     }
 }
 
+/// Requests and jobs for the node layer's unit tests.
+#[cfg(test)]
+pub(super) mod test_jobs {
+    use std::sync::Arc;
+
+    use tokio::sync::oneshot;
+
+    use super::Job;
+    use crate::error::NodeFailure;
+    use crate::node::{Op, Request};
+
+    /// A one-key request, the key named after the token (`key-{token}`), TTL 1 s.
+    pub(in crate::node) fn request(op: Op, token: &str) -> Request {
+        Request {
+            op,
+            keys: Arc::from(vec![format!("key-{token}")]),
+            token: Arc::from(token),
+            ttl_ms: 1_000,
+            queue: None,
+        }
+    }
+
+    /// [`request`] as a queued job, and where its reply arrives.
+    pub(in crate::node) fn job(
+        op: Op,
+        token: &str,
+    ) -> (Job, oneshot::Receiver<Result<i64, NodeFailure>>) {
+        let (reply, answer) = oneshot::channel();
+        let job = Job::Run {
+            req: request(op, token),
+            reply: Some(reply),
+            resend_until: None,
+        };
+        (job, answer)
+    }
+}
+
 /// The requests of one call, and the markers that wait for it.
 #[derive(Default)]
 pub(super) struct Batch {

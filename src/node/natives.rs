@@ -327,14 +327,13 @@ mod tests {
 
     use super::*;
     use crate::node::QueueTicket;
+    use crate::node::batch::test_jobs;
 
     fn run(op: Op, keys: &[&str], token: &str) -> Run {
         Run::unanswered(Request {
-            op,
             keys: keys.iter().map(|k| (*k).to_owned()).collect(),
-            token: token.into(),
             ttl_ms: 5_000,
-            queue: None,
+            ..test_jobs::request(op, token)
         })
     }
 
