@@ -253,6 +253,23 @@ impl RedlockBuilder {
         self
     }
 
+    /// Whether a lock on one key goes as plain commands, without Lua, on servers that have
+    /// compare-and-delete (Valkey 9's `DELIFEQ`): `SET k t NX GET PX ttl` to acquire,
+    /// `SET k t IFEQ t PX ttl` to extend and `DELIFEQ k t` to release, which costs the server
+    /// much less than the script. Defaults to `true`; other servers, locks on several keys and
+    /// fair mode always use the script. Keys and values are the same either way.
+    ///
+    /// Each server is asked once per connection (`COMMAND INFO DELIFEQ`; a user not allowed to
+    /// ask gets the script). Acquires go plain only after a release went through, and a
+    /// refused plain command (`NOPERM`, or an unknown command after the server was replaced
+    /// by an older one) turns that connection back to the script, so that an ACL user
+    /// without `+delifeq` still releases what it acquires. An ACL line for plain commands
+    /// adds `+command|info +delifeq` (see the README's ACL line).
+    pub fn native_commands(mut self, native: bool) -> Self {
+        self.config.native_commands = native;
+        self
+    }
+
     /// How a resource name maps to its *type*, the `type` label of the metrics (feature
     /// `metrics`), which never carry resource names. Defaults to
     /// [`ResourceType::prefix_before(':')`](ResourceType::prefix_before): `invoice:4821` is of

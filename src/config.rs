@@ -50,6 +50,9 @@ pub(crate) struct Config {
     /// Added to the server-side TTL of acquire and extend, never to the validity (see
     /// `RedlockBuilder::lock_delay`).
     pub(crate) lock_delay: Duration,
+    /// Plain commands where a server has compare-and-delete (see
+    /// `RedlockBuilder::native_commands`).
+    pub(crate) native_commands: bool,
 }
 
 impl Default for Config {
@@ -73,6 +76,7 @@ impl Default for Config {
                 first_contact: false,
             },
             lock_delay: Duration::ZERO,
+            native_commands: true,
         }
     }
 }
@@ -93,6 +97,7 @@ impl fmt::Debug for Config {
             .field("fair", &self.fair)
             .field("quarantine", &self.quarantine)
             .field("lock_delay", &self.lock_delay)
+            .field("native_commands", &self.native_commands)
             .field("resource_type", &self.resource_type)
             .field("events", &self.events)
             .finish()

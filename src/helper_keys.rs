@@ -14,16 +14,16 @@ pub(crate) const ALIVE: &str = ":redfence:alive";
 /// release that deletes a waiting mark publishes on it, and the hand-off's subscribers listen.
 pub(crate) const CHANNEL_PREFIX: &str = "redfence:released:";
 
+/// The shortest time a waiting mark lasts (ms), as `batch.lua` declares it: well beyond a
+/// retry delay.
+pub(crate) const MIN_WAIT_MARK_MS: u64 = 10_000;
+
 /// Every reserved ending: a lock key may not end so, as it could be another lock's helper key.
 pub(crate) const RESERVED: [&str; 3] = [WAITING, QUEUE, ALIVE];
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The shortest time a waiting mark lasts (ms), as `batch.lua` declares it: well beyond a
-    /// retry delay.
-    const MIN_WAIT_MARK_MS: u64 = 10_000;
 
     #[test]
     fn the_scripts_use_the_same_endings_and_minimum() {

@@ -187,6 +187,7 @@ impl NodeAddr {
         let node = RedisNode::new(
             client,
             config.node_timeout,
+            config.native_commands,
             config.quarantine,
             tasks.clone(),
         );

@@ -396,3 +396,49 @@ fn a_release_is_announced_only_when_someone_waits() {
         "the waiter is still in line"
     );
 }
+
+/// In keys-only mode (`-` first, what a Cluster voter sends: there a helper key lies in
+/// another hash slot, which Valkey 9 refuses in a script), the batch touches the lock keys and
+/// nothing else: a refused acquire leaves no waiting mark, a release deletes only its own key
+/// (a mark set by someone else stays) and publishes nothing; the replies are as usual.
+#[test]
+fn keys_only_mode_touches_nothing_but_the_lock_keys() {
+    let servers = Servers::start(1);
+    let mut listener = listener(&servers, Duration::from_millis(300));
+    let mut pubsub = listener.as_pubsub();
+    pubsub.psubscribe("redfence:released:*").expect("subscribe");
+    let run = |args: &[&str]| batch(&servers, 0, &["k", "j"], args).expect("the batch runs");
+    let keys = || {
+        let mut keys = servers.keys(0);
+        keys.sort();
+        keys
+    };
+
+    let replies = run(&[
+        "-", //
+        "a", "tok1", "60000", "1", //
+        "a", "tok2", "60000", "1",
+    ]);
+    assert_eq!(replies, vec![redis::Value::Int(1), redis::Value::Int(1)]);
+    // Refused: no mark.
+    let replies = batch(&servers, 0, &["k"], &["-", "a", "tok3", "60000", "1"]).expect("runs");
+    assert_eq!(replies, vec![redis::Value::Int(0)]);
+    assert_eq!(keys(), vec!["j".to_owned(), "k".to_owned()]);
+
+    // A mark someone else set (a plain client waiting on the same server) is left alone.
+    let _: () = servers.cmd(0, &["SET", "k:redfence:waiting", "1", "PX", "60000"]);
+    let replies = run(&[
+        "-", //
+        "r", "tok1", "0", "1", //
+        "r", "other", "0", "1",
+    ]);
+    assert_eq!(replies, vec![redis::Value::Int(1), redis::Value::Int(0)]);
+    assert_eq!(
+        keys(),
+        vec!["j".to_owned(), "k:redfence:waiting".to_owned()]
+    );
+    assert!(
+        pubsub.get_message().is_err(),
+        "a keys-only release publishes nothing"
+    );
+}

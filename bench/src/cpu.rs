@@ -41,6 +41,20 @@ pub fn named(comm: &str) -> Duration {
         .sum()
 }
 
+/// The command name of the servers measured: that of `REDIS_SERVER` (`valkey-server` for
+/// Valkey), else `redis-server`. Other servers on the machine (another program's tests) are
+/// not counted unless they share it.
+pub fn server_name() -> String {
+    std::env::var("REDIS_SERVER")
+        .ok()
+        .and_then(|path| {
+            std::path::Path::new(&path)
+                .file_name()
+                .map(|name| name.to_string_lossy().chars().take(15).collect())
+        })
+        .unwrap_or_else(|| "redis-server".to_owned())
+}
+
 /// The whole machine's busy and total CPU time so far, over every core (`/proc/stat`).
 pub fn machine() -> (Duration, Duration) {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
@@ -78,7 +92,7 @@ impl Usage {
             busy,
             total,
             client: own(),
-            redis: named("redis-server"),
+            redis: named(&server_name()),
             postgres: named("postgres"),
         }
     }

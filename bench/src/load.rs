@@ -7,7 +7,7 @@ use super::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 static EXTEND: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../src/scripts/extend.lua")));
+    LazyLock::new(|| Script::new(include_str!("../scripts/extend.lua")));
 
 /// Resident memory, from `/proc/self/status`.
 fn resident_bytes() -> u64 {

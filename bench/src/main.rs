@@ -16,6 +16,7 @@
 //! cargo run --release -p redfence-bench -- fencing   # the fencing scenario only
 //! cargo run --release -p redfence-bench -- load      # burst, idle, extension CPU, held locks
 //! cargo run --release -p redfence-bench -- held      # 10,000 held using() locks alone
+//! cargo run --release -p redfence-bench -- natives   # plain commands vs the script (A/B)
 //! cargo run --release -p redfence-bench -- hotspot   # 16 waiters on one resource, beside node-redlock
 //! cargo run --release -p redfence-bench --features metrics -- metrics   # recording cost
 //! # on given masters (e.g. those ../shared/peers/run.sh uses), for figures beside the peers':
@@ -36,9 +37,9 @@ use redis::Script;
 use redis::aio::ConnectionManager;
 
 static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../src/scripts/acquire.lua")));
+    LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
 static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../src/scripts/release.lua")));
+    LazyLock::new(|| Script::new(include_str!("../scripts/release.lua")));
 
 const TTL: Duration = Duration::from_secs(10);
 const PARALLEL: usize = 64;
@@ -224,6 +225,10 @@ async fn main() {
     if only("held") {
         // The held-locks scenario alone (10,000 held `using()` locks: % of a core, memory).
         load::held_using(&urls).await;
+        return;
+    }
+    if only("natives") {
+        natives::scenario(&urls, ops).await;
         return;
     }
     if only("load") {
@@ -413,5 +418,6 @@ mod cpu;
 mod fencing;
 mod hotspot;
 mod load;
+mod natives;
 #[cfg(feature = "metrics")]
 mod recording;

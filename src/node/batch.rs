@@ -13,8 +13,9 @@ use redis::{Cmd, ErrorKind, Script, ServerErrorKind, Value};
 use tokio::sync::oneshot;
 use tokio::time::Sleep;
 
-use super::connection::LazyConnection;
+use super::connection::{Connection, LazyConnection};
 use super::identity::{Due, Identity};
+use super::natives::{self, Natives, Plan};
 use super::{Op, Reply, Request};
 use crate::error::NodeFailure;
 
@@ -50,27 +51,170 @@ pub(super) trait Link: Send + 'static {
 pub(super) enum Replies {
     /// Every request answered (one script call).
     All(Vec<Value>),
-    /// Each request's own outcome (a batch split over several servers, some of which failed).
-    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    /// Each request's own outcome (a batch split over several servers, some of which failed;
+    /// a pipeline of plain commands and script calls).
     Each(Vec<Result<Value, NodeFailure>>),
 }
 
-/// One server's link: the batch as one `EVALSHA` over its [`LazyConnection`], with the
-/// server's [`Identity`] read first when it is due (first call, lost connection, `NOSCRIPT`,
-/// every second).
+/// One server's link: the batch as one `EVALSHA` over its [`LazyConnection`], or, on a
+/// server with compare-and-delete, as one pipeline of plain commands and script calls (see
+/// [`natives`](super::natives)); the server's [`Identity`] read when it is due (first call,
+/// lost connection, `NOSCRIPT`, every second).
 pub(super) struct ServerLink {
     connection: Arc<LazyConnection>,
     identity: Arc<Identity>,
     /// The call being sent, kept for the next batch's (its allocation reused).
     script: Cmd,
+    /// What the server has, for the connection of this generation; `None` when plain
+    /// commands are turned off (`RedlockBuilder::native_commands`).
+    natives: Option<(u64, Option<Natives>)>,
+    /// The pipeline being sent, kept for the next batch's.
+    plan: Plan,
 }
 
 impl ServerLink {
-    pub(super) fn new(connection: Arc<LazyConnection>, identity: Arc<Identity>) -> Self {
+    pub(super) fn new(
+        connection: Arc<LazyConnection>,
+        native_commands: bool,
+        identity: Arc<Identity>,
+    ) -> Self {
         ServerLink {
             connection,
             identity,
             script: Cmd::new(),
+            natives: native_commands.then_some((0, None)),
+            plan: Plan::default(),
+        }
+    }
+
+    /// What the server behind `conn` has: asked once per connection.
+    async fn natives(&mut self, conn: &mut Connection) -> Natives {
+        let Some((generation, natives)) = &mut self.natives else {
+            return Natives::default();
+        };
+        if let Some(natives) = natives
+            && *generation == conn.generation()
+        {
+            return *natives;
+        }
+        let detected = match conn.req_packed_command(&natives::detection()).await {
+            Ok(command_info) => Natives::detected(&command_info),
+            // Lost on the way: ask again on the next call.
+            Err(err) if err.is_io_error() || err.is_connection_dropped() => {
+                return Natives::default();
+            }
+            Err(_) => Natives::default(),
+        };
+        *generation = conn.generation();
+        *natives = Some(detected);
+        detected
+    }
+
+    /// Sends `runs` as one pipeline of plain commands and script calls ([`Plan`]), then what
+    /// follows their contended ones, while `deadline` allows.
+    async fn send_plain(
+        &mut self,
+        mut conn: Connection,
+        natives: Natives,
+        runs: &[Run],
+        mut deadline: Pin<&mut Sleep>,
+        timeout: Duration,
+    ) -> Result<Replies, NodeFailure> {
+        let mut plan = std::mem::take(&mut self.plan);
+        plan.write(runs, natives);
+        let sent = async {
+            // Every command is repeat-safe for its token, as the script is: once more after a
+            // lost connection.
+            let values = match conn
+                .req_packed_commands(&plan.pipeline, 0, plan.commands)
+                .await
+            {
+                Err(err) if err.is_io_error() || err.is_connection_dropped() => {
+                    tracing::debug!(%err, "connection lost; retrying the batch once");
+                    self.identity.suspect();
+                    conn = self.connection.connection().await?;
+                    self.check_identity(&mut conn).await?;
+                    conn.req_packed_commands(&plan.pipeline, 0, plan.commands)
+                        .await?
+                }
+                other => other?,
+            };
+            check_count(values.len(), plan.commands)?;
+            let mut outcome = plan.read(runs, values);
+            // An extension refused by a plain command (the key missing, or another owner's)
+            // runs again in the script, which sets a missing key again ("E") on a server out
+            // of quarantine.
+            let repair = self.identity.repairs();
+            if repair {
+                for (index, run) in runs.iter().enumerate() {
+                    if run.req.op == Op::Extend
+                        && matches!(outcome.replies[index], Some(Value::Int(0)))
+                        && !outcome.again.contains(&index)
+                    {
+                        outcome.again.push(index);
+                    }
+                }
+                outcome.again.sort_unstable();
+            }
+            let mut replies: Vec<Result<Value, NodeFailure>> = std::mem::take(&mut outcome.replies)
+                .into_iter()
+                .map(|reply| Ok(reply.unwrap_or(Value::Nil)))
+                .collect();
+            if !outcome.again.is_empty() {
+                let mut call = Cmd::new();
+                let again = outcome.again.iter().map(|&i| &runs[i]);
+                let (hash, touch) = (BATCH.get_hash(), Touch::WithHelpers);
+                write_call(again, touch, &mut call, "EVALSHA", hash, repair);
+                match evalsha(&call, &mut conn).await {
+                    Ok(values) if values.len() == outcome.again.len() => {
+                        for (&i, value) in outcome.again.iter().zip(values) {
+                            replies[i] = Ok(value);
+                        }
+                    }
+                    other => {
+                        let failure = NodeFailure::from(match other {
+                            Err(err) => err,
+                            Ok(_) => count_mismatch(),
+                        });
+                        for &i in &outcome.again {
+                            replies[i] = Err(failure.clone());
+                        }
+                    }
+                }
+            }
+            Ok::<_, NodeFailure>((replies, outcome))
+        };
+        let sent = tokio::select! {
+            biased;
+            sent = sent => sent,
+            () = deadline.as_mut() => Err(NodeFailure::Timeout(timeout)),
+        };
+        self.plan = plan;
+        let (replies, outcome) = sent?;
+        if outcome.refused {
+            self.learn(&conn, |natives| *natives = Natives::default());
+        } else if outcome.released {
+            self.learn(&conn, |natives| natives.released = true);
+        }
+        // Best effort: a waiter that misses the mark or the message polls.
+        if let Some((follow_up, commands)) = natives::follow_up(&outcome) {
+            tokio::select! {
+                biased;
+                _ = conn.req_packed_commands(&follow_up, 0, commands) => {}
+                () = deadline => {}
+            }
+        }
+        Ok(Replies::Each(replies))
+    }
+}
+
+impl ServerLink {
+    /// Updates what is known of the server behind `conn`, if it is still the current one.
+    fn learn(&mut self, conn: &Connection, update: impl FnOnce(&mut Natives)) {
+        if let Some((generation, Some(natives))) = &mut self.natives
+            && *generation == conn.generation()
+        {
+            update(natives);
         }
     }
 
@@ -84,7 +228,7 @@ impl ServerLink {
         let mut conn = self.connection.connection().await?;
         let beside = match self.identity.due() {
             Due::Before => {
-                self.identity.check(&mut conn).await;
+                self.check_identity(&mut conn).await?;
                 false
             }
             Due::Beside => true,
@@ -127,11 +271,25 @@ impl ServerLink {
         Ok(evalsha(&self.script, &mut conn).await?)
     }
 
+    /// Reads the server's identity on `conn`; after a failure (the connection was lost: a
+    /// restart, most likely), once more on the connection made again, which `conn` becomes.
+    /// A server whose identity is still unknown after that is quarantined until it is read
+    /// (see `Identity::quarantined`).
+    async fn check_identity(&self, conn: &mut Connection) -> Result<(), NodeFailure> {
+        self.identity.check(conn).await;
+        if self.identity.due() == Due::Before {
+            *conn = self.connection.connection().await?;
+            self.identity.check(conn).await;
+        }
+        Ok(())
+    }
+
     /// Writes `runs` as the call to send, repairing where the server is out of quarantine.
     fn write(&mut self, runs: &[Run]) {
         let repair = self.identity.repairs();
         write_call(
             runs.iter(),
+            Touch::WithHelpers,
             &mut self.script,
             "EVALSHA",
             BATCH.get_hash(),
@@ -145,13 +303,43 @@ impl Link for ServerLink {
         &'a mut self,
         runs: &'a [Run],
         timeout: Duration,
-        deadline: Pin<&'a mut Sleep>,
+        mut deadline: Pin<&'a mut Sleep>,
     ) -> Result<Replies, NodeFailure> {
-        tokio::select! {
-            biased;
-            replies = self.call(runs) => Ok(Replies::All(replies?)),
-            () = deadline => Err(NodeFailure::Timeout(timeout)),
+        let mut asked = None;
+        if self.natives.is_some() {
+            let ready = async {
+                let mut conn = self.connection.connection().await?;
+                // Plain commands meet no NOSCRIPT after a restart: the identity is read
+                // before them whenever it is due.
+                if self.identity.due() != Due::No {
+                    self.check_identity(&mut conn).await?;
+                }
+                let natives = self.natives(&mut conn).await;
+                Ok::<_, NodeFailure>((conn, natives))
+            };
+            let (conn, natives) = tokio::select! {
+                biased;
+                ready = ready => ready?,
+                () = deadline.as_mut() => return Err(NodeFailure::Timeout(timeout)),
+            };
+            if natives.any_plain(runs) {
+                return self
+                    .send_plain(conn, natives, runs, deadline, timeout)
+                    .await;
+            }
+            asked = Some(conn);
         }
+        let replies = tokio::select! {
+            biased;
+            replies = self.call(runs) => replies?,
+            () = deadline => return Err(NodeFailure::Timeout(timeout)),
+        };
+        if let Some(conn) = asked
+            && runs.iter().any(|run| run.req.op == Op::Release)
+        {
+            self.learn(&conn, |natives| natives.released = true);
+        }
+        Ok(Replies::All(replies))
     }
 }
 
@@ -183,6 +371,55 @@ pub(super) struct Run {
     pub(super) req: Request,
     reply: Option<Reply>,
     resend_until: Option<Instant>,
+}
+
+#[cfg(test)]
+impl Run {
+    /// A request nobody waits for, for tests of how a batch is written.
+    pub(super) fn unanswered(req: Request) -> Run {
+        Run {
+            req,
+            reply: None,
+            resend_until: None,
+        }
+    }
+}
+
+/// Requests and jobs for the node layer's unit tests.
+#[cfg(test)]
+pub(super) mod test_jobs {
+    use std::sync::Arc;
+
+    use tokio::sync::oneshot;
+
+    use super::Job;
+    use crate::error::NodeFailure;
+    use crate::node::{Op, Request};
+
+    /// A one-key request, the key named after the token (`key-{token}`), TTL 1 s.
+    pub(in crate::node) fn request(op: Op, token: &str) -> Request {
+        Request {
+            op,
+            keys: Arc::from(vec![format!("key-{token}")]),
+            token: Arc::from(token),
+            ttl_ms: 1_000,
+            queue: None,
+        }
+    }
+
+    /// [`request`] as a queued job, and where its reply arrives.
+    pub(in crate::node) fn job(
+        op: Op,
+        token: &str,
+    ) -> (Job, oneshot::Receiver<Result<i64, NodeFailure>>) {
+        let (reply, answer) = oneshot::channel();
+        let job = Job::Run {
+            req: request(op, token),
+            reply: Some(reply),
+            resend_until: None,
+        };
+        (job, answer)
+    }
 }
 
 /// The requests of one call, and the markers that wait for it.
@@ -333,19 +570,38 @@ impl Batch {
     }
 }
 
+/// Which keys a batch may touch besides the lock keys themselves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Touch {
+    /// The lock keys and their helper keys (waiting marks, fair queues) and the release
+    /// channel: a server, a Sentinel group's master.
+    WithHelpers,
+    /// The lock keys only (the script's `-` mode): a Cluster voter, where a helper key lies
+    /// in another hash slot (which Valkey 9 refuses in a script) and waiters poll.
+    KeysOnly,
+}
+
 /// `runs` as one `EVALSHA` of `scripts/batch.lua`: every operation's keys, then every
 /// operation's arguments (kind, token, TTL, key count, and the fair queue's three for `f`, `l`
 /// and `R`), written straight into one command buffer (no allocation per argument). Written
 /// into `script`, whose allocation the next batch reuses.
-pub(super) fn write_script<'r>(runs: impl Iterator<Item = &'r Run> + Clone, script: &mut Cmd) {
-    write_call(runs, script, "EVALSHA", BATCH.get_hash(), false);
+pub(super) fn write_script<'r>(
+    runs: impl Iterator<Item = &'r Run> + Clone,
+    touch: Touch,
+    script: &mut Cmd,
+) {
+    write_call(runs, touch, script, "EVALSHA", BATCH.get_hash(), false);
 }
 
 /// `runs` as one `EVAL` of the batch script's source: what a server that does not have the
 /// script yet runs, and keeps (see [`write_script`]).
 #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
-pub(super) fn write_eval<'r>(runs: impl Iterator<Item = &'r Run> + Clone, script: &mut Cmd) {
-    write_call(runs, script, "EVAL", BATCH_SOURCE, false);
+pub(super) fn write_eval<'r>(
+    runs: impl Iterator<Item = &'r Run> + Clone,
+    touch: Touch,
+    script: &mut Cmd,
+) {
+    write_call(runs, touch, script, "EVAL", BATCH_SOURCE, false);
 }
 
 ///
@@ -354,6 +610,7 @@ pub(super) fn write_eval<'r>(runs: impl Iterator<Item = &'r Run> + Clone, script
 /// otherwise as "e" (extend only).
 fn write_call<'r>(
     runs: impl Iterator<Item = &'r Run> + Clone,
+    touch: Touch,
     script: &mut Cmd,
     command: &str,
     body: &str,
@@ -366,6 +623,9 @@ fn write_call<'r>(
         for key in run.req.keys.iter() {
             script.arg(key.as_str());
         }
+    }
+    if touch == Touch::KeysOnly {
+        script.arg("-");
     }
     for Run { req, .. } in runs {
         let kind = match (req.op, &req.queue) {
@@ -478,6 +738,7 @@ fn parse(value: Value) -> Result<i64, NodeFailure> {
                 .to_owned(),
         )),
         Value::SimpleString(text) => Err(error(text.trim_start_matches("E:").to_owned())),
+        Value::ServerError(err) => Err(NodeFailure::from(redis::RedisError::from(err))),
         other => Err(error(format!("unexpected reply {other:?}"))),
     }
 }

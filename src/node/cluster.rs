@@ -16,7 +16,7 @@ use redis::cluster_routing::{
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::time::{Instant, Sleep};
 
-use super::batch::{Link, PATIENCE, Replies, Run, check_count, write_eval, write_script};
+use super::batch::{Link, PATIENCE, Replies, Run, Touch, check_count, write_eval, write_script};
 use super::redis::Queue;
 use super::{Advice, Advisory, Node, NodeCall, Request, advice, advisory, cached};
 use crate::error::NodeFailure;
@@ -161,8 +161,8 @@ impl Link for ClusterLink {
         let calls = slots.iter().map(|(slot, members)| {
             let group = members.iter().map(|&i| &runs[i]);
             let (mut script, mut eval) = (Cmd::new(), Cmd::new());
-            write_script(group.clone(), &mut script);
-            write_eval(group, &mut eval);
+            write_script(group.clone(), Touch::KeysOnly, &mut script);
+            write_eval(group, Touch::KeysOnly, &mut eval);
             let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
                 Route::with_slot(*slot, SlotAddr::Master),
             ));

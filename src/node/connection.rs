@@ -166,6 +166,12 @@ impl LazyConnection {
 }
 
 impl Connection {
+    /// Counts the connections made to this server (a new one after a connect-time refusal):
+    /// what a caller learnt of the server on one holds for the same generation.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
+    }
+
     /// Notes how a command ended: a connect-time failure drops the manager (the next call
     /// after the backoff makes a new one); a success ends a run of failures.
     fn observe<T>(&self, result: &Result<T, RedisError>) {

@@ -102,9 +102,16 @@ impl Identity {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// How long the server is still quarantined; `None` when its votes count.
+    /// How long the server is still quarantined; `None` when its votes count. A server
+    /// suspected of a restart (a lost connection, `NOSCRIPT`) whose identity could not be read
+    /// since is quarantined too, for [`RECHECK`] (fail closed): its votes count again once its
+    /// `run_id` is known.
     pub(crate) fn quarantined(&self) -> Option<Duration> {
-        let until = self.state().until?;
+        let state = self.state();
+        if state.suspect && !state.unsupported && !self.rule.period.is_zero() {
+            return Some(RECHECK);
+        }
+        let until = state.until?;
         until
             .checked_duration_since(clock::now())
             .filter(|d| !d.is_zero())
@@ -260,6 +267,11 @@ mod tests {
         assert_eq!(identity.quarantined(), None);
         identity.suspect();
         assert_eq!(identity.due(), Due::Before);
+        assert_eq!(
+            identity.quarantined(),
+            Some(RECHECK),
+            "unverified: fail closed"
+        );
         identity.observe("b", 20 * S);
         let left = identity.quarantined().expect("quarantined");
         assert!(left <= 40 * S && left > 39 * S, "{left:?}");

@@ -12,6 +12,7 @@ mod connection;
 #[cfg(test)]
 pub(crate) mod fake;
 pub(crate) mod identity;
+mod natives;
 mod pipeline;
 mod redis;
 mod resend;

@@ -317,23 +317,7 @@ fn answer_behind_hung_call(backlog: &mut VecDeque<Job>, failure: &NodeFailure) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn job(op: Op, token: &str) -> (Job, oneshot::Receiver<Result<i64, NodeFailure>>) {
-        let (reply, answer) = oneshot::channel();
-        let req = Request {
-            op,
-            keys: Arc::from(vec![format!("key-{token}")]),
-            token: Arc::from(token),
-            ttl_ms: 1_000,
-            queue: None,
-        };
-        let job = Job::Run {
-            req,
-            reply: Some(reply),
-            resend_until: None,
-        };
-        (job, answer)
-    }
+    use crate::node::batch::test_jobs::job;
 
     fn tokens(backlog: &VecDeque<Job>) -> Vec<String> {
         backlog

@@ -30,9 +30,12 @@ pub(crate) struct RedisNode {
 }
 
 impl RedisNode {
+    /// A master reached through `client`; `native_commands` as
+    /// `RedlockBuilder::native_commands`, `quarantine` as `RedlockBuilder::restart_quarantine`.
     pub(crate) fn new(
         client: Client,
         node_timeout: Duration,
+        native_commands: bool,
         quarantine: QuarantineRule,
         tasks: TaskTracker,
     ) -> Self {
@@ -44,7 +47,11 @@ impl RedisNode {
         let connection = Arc::clone(&shared);
         let link_identity = Arc::clone(&identity);
         let queue = Queue::new(&addr, node_timeout, move || {
-            ServerLink::new(Arc::clone(&connection), Arc::clone(&link_identity))
+            ServerLink::new(
+                Arc::clone(&connection),
+                native_commands,
+                Arc::clone(&link_identity),
+            )
         });
         RedisNode {
             addr,

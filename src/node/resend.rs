@@ -128,30 +128,11 @@ impl Resend {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::error::NodeFailure;
-    use crate::node::{Op, Request};
+    use crate::node::Op;
+    use crate::node::batch::test_jobs::job;
 
     const CAP: usize = 1_000;
-
-    fn job(op: Op, token: &str) -> (Job, oneshot::Receiver<Result<i64, NodeFailure>>) {
-        let (reply, answer) = oneshot::channel();
-        let req = Request {
-            op,
-            keys: Arc::from(vec![format!("key-{token}")]),
-            token: Arc::from(token),
-            ttl_ms: 1_000,
-            queue: None,
-        };
-        let job = Job::Run {
-            req,
-            reply: Some(reply),
-            resend_until: None,
-        };
-        (job, answer)
-    }
 
     fn resent(op: Op, token: &str, for_ms: u64) -> Job {
         let (job, _) = job(op, token);

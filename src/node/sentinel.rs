@@ -16,7 +16,7 @@ use redis::{AsyncConnectionConfig, Cmd, RedisError, RedisFuture, Value};
 use tokio::sync::Mutex;
 use tokio::time::{Instant, Sleep};
 
-use super::batch::{Link, PATIENCE, Replies, Run, evalsha, write_script};
+use super::batch::{Link, PATIENCE, Replies, Run, Touch, evalsha, write_script};
 use super::redis::Queue;
 use super::{Advice, Advisory, Node, NodeCall, Request, advice, advisory, cached};
 use crate::error::NodeFailure;
@@ -181,7 +181,7 @@ impl Link for SentinelLink {
         deadline: Pin<&'a mut Sleep>,
     ) -> Result<Replies, NodeFailure> {
         use advisory::Connector as _;
-        write_script(runs.iter(), &mut self.script);
+        write_script(runs.iter(), Touch::WithHelpers, &mut self.script);
         let at = deadline.deadline();
         let (generation, mut master) =
             match tokio::time::timeout_at(at, self.shared.connection()).await {

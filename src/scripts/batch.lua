@@ -1,12 +1,13 @@
 -- Batch: many locks' operations in one call, each all-or-nothing over its own keys and
--- independent of the others, run in order. Keys and values are those of acquire.lua,
--- extend.lua and release.lua (key = resource, value = owner token), so node-redlock and
--- redsync still interoperate.
+-- independent of the others, run in order. Keys and values are those of the single-lock
+-- scripts (bench/scripts/: key = resource, value = owner token), so node-redlock and redsync
+-- still interoperate.
 -- ARGV = for each operation: kind, owner token, ttl in milliseconds, number of keys, and
 --        for "f", "l" and "R" also the waiter id, its ticket and its lease in milliseconds.
---        Kinds: "a" acquire, "e" extend, "E" extend and set missing keys again, "r" release, "f" acquire in turn (fair mode),
+--        Kinds: "a" acquire, "e" extend, "E" extend and set missing keys again (see
+--        extend_repair), "r" release, "f" acquire in turn (fair mode),
 --        "l" leave the fair queue, "R" release and leave the fair queue (a fair lock's
---        release). KEYS = every operation's keys, in order.
+--        release), "n" announce a release made by a plain command. KEYS = every operation's keys, in order.
 -- Fair queue of a key K: the sorted set K..":redfence:queue" (waiter by ticket) and
 -- K..":redfence:alive" (waiter by the server time, in ms, its lease ends); a waiter that
 -- has not been heard from for its lease is dropped. "f" grants only the waiter at the head
@@ -20,260 +21,339 @@
 -- attempt set the mark; a release deletes it with the key (one DEL) and, when the fair queue
 -- still holds waiters, sets it again. An uncontended release is then GET and DEL, nothing
 -- more; waiters woken by the message mark the key again if they are refused again.
+-- Keys only: when ARGV[1] is "-" (a Cluster voter's batch), nothing but the lock keys is
+-- touched: no waiting marks and no notification. A cluster refuses a helper key in another
+-- hash slot, and a Cluster voter's waiters poll (fair mode is refused there).
 -- Returns one reply per operation: acquire/extend the number of keys (0 = refused),
--- release the number of keys deleted, leave 0, or "E:" and the error of that operation alone
+-- release the number of keys deleted, leave and announce 0, or "E:" and the error of that operation alone
 -- (e.g. WRONGTYPE when a key holds a hash).
 local QUEUE, ALIVE, WAITING = ":redfence:queue", ":redfence:alive", ":redfence:waiting"
 -- How long waiting marks a key, at least (ms): well beyond a retry delay.
 local MIN_WAIT_MARK = 10000
 -- The server's time (ms), read once per call when needed (see now_ms).
 local now = nil
+-- Keys only (see the top).
+local keys_only = ARGV[1] == "-"
 
-local function now_ms()
-  local t = redis.call("TIME")
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
--- Whether key's queue and lease sets are sorted sets (or absent). A name that holds another
--- type (some other lock called "<key>:redfence:queue") makes only this operation fail, never
--- the whole batch.
-local function queue_ok(key)
-  for _, name in ipairs({key .. QUEUE, key .. ALIVE}) do
-    local t = redis.call("TYPE", name)["ok"]
-    if t ~= "zset" and t ~= "none" then
-      return false
-    end
+-- Everything but the usual operations, made on the first operation that needs it: a call
+-- made only of one-key acquires, extensions and releases outside fair mode (most calls)
+-- creates none of these functions (each costs the server a closure per call; the whole set
+-- doubled a lone release's cost).
+local library = nil
+local function lib()
+  if library then
+    return library
   end
-  return true
-end
-
-local function queues_ok(first, last)
-  for j = first, last do
-    if not queue_ok(KEYS[j]) then
-      return false
-    end
+  local function now_ms()
+    local t = redis.call("TIME")
+    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
-  return true
-end
 
--- The waiter at the head of key's queue, after dropping those whose lease ended (in chunks:
--- unpack has a stack limit of a few thousand values). The caller checked queue_ok.
-local function head(key, now)
-  local queue, alive = key .. QUEUE, key .. ALIVE
-  local dead = redis.call("ZRANGEBYSCORE", alive, "-inf", now)
-  for c = 1, #dead, 1000 do
-    redis.call("ZREM", queue, unpack(dead, c, math.min(c + 999, #dead)))
+  -- Whether key's queue and lease sets are sorted sets (or absent). A name that holds another
+  -- type (some other lock called "<key>:redfence:queue") makes only this operation fail, never
+  -- the whole batch.
+  local function queue_ok(key)
+    for _, name in ipairs({key .. QUEUE, key .. ALIVE}) do
+      local t = redis.call("TYPE", name)["ok"]
+      if t ~= "zset" and t ~= "none" then
+        return false
+      end
+    end
+    return true
   end
-  if #dead > 0 then
-    redis.call("ZREMRANGEBYSCORE", alive, "-inf", now)
+
+  local function queues_ok(first, last)
+    for j = first, last do
+      if not queue_ok(KEYS[j]) then
+        return false
+      end
+    end
+    return true
   end
-  return redis.call("ZRANGE", queue, 0, 0)[1]
-end
 
--- Takes waiter out of key's queue. The caller checked queue_ok.
-local function leave(key, waiter)
-  redis.call("ZREM", key .. QUEUE, waiter)
-  redis.call("ZREM", key .. ALIVE, waiter)
-end
-
--- Whether every key of the operation holds token (the repeat of a request that landed).
-local function holds(first, last, token)
-  for j = first, last do
-    if redis.pcall("GET", KEYS[j]) ~= token then
-      return false
+  -- The waiter at the head of key's queue, after dropping those whose lease ended (in chunks:
+  -- unpack has a stack limit of a few thousand values). The caller checked queue_ok.
+  local function head(key, now)
+    local queue, alive = key .. QUEUE, key .. ALIVE
+    local dead = redis.call("ZRANGEBYSCORE", alive, "-inf", now)
+    for c = 1, #dead, 1000 do
+      redis.call("ZREM", queue, unpack(dead, c, math.min(c + 999, #dead)))
     end
+    if #dead > 0 then
+      redis.call("ZREMRANGEBYSCORE", alive, "-inf", now)
+    end
+    return redis.call("ZRANGE", queue, 0, 0)[1]
   end
-  return true
-end
 
--- Marks key as waited for, for ms or MIN_WAIT_MARK (see the top): its next release
--- publishes. Best effort.
-local function mark(key, ms)
-  redis.pcall("SET", key .. WAITING, "1", "PX", math.max(tonumber(ms) or 0, MIN_WAIT_MARK))
-end
-
--- A refused acquire: marks the key it waits for.
-local function refused(key, ttl)
-  mark(key, ttl)
-  return 0
-end
-
--- Extend and repair ("E"): when every key of the operation holds token or is missing (a
--- server restarted without persistence forgot it), re-arms the ones that hold it and sets the
--- missing ones again (SET NX: never over another owner's key); otherwise 0, nothing changed.
-local function extend_repair(first, last, token, ttl, count)
-  for j = first, last do
-    local value = redis.pcall("GET", KEYS[j])
-    if value ~= false and value ~= token then
-      return 0
-    end
+  -- Takes waiter out of key's queue. The caller checked queue_ok.
+  local function leave(key, waiter)
+    redis.call("ZREM", key .. QUEUE, waiter)
+    redis.call("ZREM", key .. ALIVE, waiter)
   end
-  for j = first, last do
-    if redis.call("PEXPIRE", KEYS[j], ttl) == 0 then
-      redis.call("SET", KEYS[j], token, "NX", "PX", ttl)
-    end
-  end
-  return count
-end
 
-local function acquire(first, last, token, ttl, count)
-  -- One key (the usual lock): one SET when the key is free; GET only when it is taken, by
-  -- another owner, by us (a repeated request), or by a key of another type (WRONGTYPE).
-  if first == last then
-    if redis.call("SET", KEYS[first], token, "NX", "PX", ttl) then
-      return count
+  -- Whether every key of the operation holds token (the repeat of a request that landed).
+  local function holds(first, last, token)
+    for j = first, last do
+      if redis.pcall("GET", KEYS[j]) ~= token then
+        return false
+      end
     end
-    local value = redis.pcall("GET", KEYS[first])
-    if type(value) == "table" and value.err then
-      return "E:" .. value.err
+    return true
+  end
+
+  -- Extend and repair ("E"): when every key of the operation holds token or is missing (a
+  -- server restarted without persistence forgot it), re-arms the ones that hold it and sets
+  -- the missing ones again (SET NX: never over another owner's key); otherwise 0, nothing
+  -- changed.
+  local function extend_repair(first, last, token, ttl, count)
+    for j = first, last do
+      local value = redis.pcall("GET", KEYS[j])
+      if value ~= false and value ~= token then
+        return 0
+      end
     end
-    if value ~= token then
-      return refused(KEYS[first], ttl)
+    for j = first, last do
+      if redis.call("PEXPIRE", KEYS[j], ttl) == 0 then
+        redis.call("SET", KEYS[j], token, "NX", "PX", ttl)
+      end
     end
-    redis.call("SET", KEYS[first], token, "PX", ttl)
     return count
   end
-  for j = first, last do
-    local value = redis.pcall("GET", KEYS[j])
-    if type(value) == "table" and value.err then
-      return "E:" .. value.err
-    end
-    if value and value ~= token then
-      return refused(KEYS[j], ttl)
-    end
-  end
-  for j = first, last do
-    redis.call("SET", KEYS[j], token, "PX", ttl)
-  end
-  return count
-end
 
--- Releases key if it holds token: 1 if deleted, else 0. waiter: a fair lock's own waiter
--- id (its release also leaves the key's queue, when usable: see queue_ok), or nil.
-local function release(key, token, waiter)
-  local in_line = waiter ~= nil and queue_ok(key)
-  if in_line then
-    leave(key, waiter)
+  -- Marks key as waited for, for ms or MIN_WAIT_MARK (see the top): its next release
+  -- publishes. Best effort.
+  local function mark(key, ms)
+    if keys_only then
+      return
+    end
+    redis.pcall("SET", key .. WAITING, "1", "PX", math.max(tonumber(ms) or 0, MIN_WAIT_MARK))
   end
-  if redis.pcall("GET", key) ~= token then
+
+  -- A refused acquire: marks the key it waits for.
+  local function refused(key, ttl)
+    mark(key, ttl)
     return 0
   end
-  -- The key and its waiting mark: 2 deleted when someone waited. A user whose ACL key
-  -- pattern does not cover the mark still releases (the key alone), and its waiters poll.
-  local gone = redis.pcall("DEL", key, key .. WAITING)
-  if type(gone) ~= "number" then
-    gone = redis.call("DEL", key)
+
+  local function acquire(first, last, token, ttl, count)
+    -- One key (the usual lock): one SET when the key is free; GET only when it is taken, by
+    -- another owner, by us (a repeated request), or by a key of another type (WRONGTYPE).
+    if first == last then
+      if redis.call("SET", KEYS[first], token, "NX", "PX", ttl) then
+        return count
+      end
+      local value = redis.pcall("GET", KEYS[first])
+      if type(value) == "table" and value.err then
+        return "E:" .. value.err
+      end
+      if value ~= token then
+        return refused(KEYS[first], ttl)
+      end
+      redis.call("SET", KEYS[first], token, "PX", ttl)
+      return count
+    end
+    for j = first, last do
+      local value = redis.pcall("GET", KEYS[j])
+      if type(value) == "table" and value.err then
+        return "E:" .. value.err
+      end
+      if value and value ~= token then
+        return refused(KEYS[j], ttl)
+      end
+    end
+    for j = first, last do
+      redis.call("SET", KEYS[j], token, "PX", ttl)
+    end
+    return count
   end
-  -- Notifying is best effort: a user without the permissions for it (an older ACL line)
-  -- still releases, and its waiters poll.
-  if in_line or gone > 1 then
+
+  -- Whether key has a fair queue that can be read (see queue_ok).
+  local function has_queue(key)
+    return redis.pcall("EXISTS", key .. QUEUE) == 1 and queue_ok(key)
+  end
+
+  -- Announces that key was released while someone waited: publishes the waiter now at the head
+  -- of its fair queue (when read_queue; "" if none) and marks the key again while fair waiters
+  -- remain in line.
+  local function announce(key, read_queue)
     local next = ""
-    if in_line or (waiter == nil and redis.pcall("EXISTS", key .. QUEUE) == 1
-        and queue_ok(key)) then
+    if read_queue then
       now = now or now_ms()
       next = head(key, now) or ""
     end
     if next ~= "" then
-      mark(key, 0) -- fair waiters are still in line
+      mark(key, 0)
     end
     redis.pcall("PUBLISH", "redfence:released:" .. key, next)
   end
-  return 1
-end
 
--- The operation at ARGV[i], whose keys start at KEYS[k]: its reply, and where the next
--- operation's arguments and keys start.
-local function operation(i, k)
-  local kind, token, ttl, count = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
-  local waiter, ticket, lease = nil, nil, nil
-  if kind == "f" or kind == "l" or kind == "R" then
-    waiter, ticket, lease = ARGV[i + 4], ARGV[i + 5], tonumber(ARGV[i + 6])
-    i = i + 7
-  else
-    i = i + 4
+  -- Releases key if it holds token: 1 if deleted, else 0. waiter: a fair lock's own waiter
+  -- id (its release also leaves the key's queue, when usable: see queue_ok), or nil.
+  local function release(key, token, waiter)
+    if keys_only then
+      if redis.pcall("GET", key) ~= token then
+        return 0
+      end
+      return redis.call("DEL", key)
+    end
+    local in_line = waiter ~= nil and queue_ok(key)
+    if in_line then
+      leave(key, waiter)
+    end
+    if redis.pcall("GET", key) ~= token then
+      return 0
+    end
+    -- The key and its waiting mark: 2 deleted when someone waited. A user whose ACL key
+    -- pattern does not cover the mark still releases (the key alone), and its waiters poll.
+    local gone = redis.pcall("DEL", key, key .. WAITING)
+    if type(gone) ~= "number" then
+      gone = redis.call("DEL", key)
+    end
+    -- Notifying is best effort: a user without the permissions for it (an older ACL line)
+    -- still releases, and its waiters poll.
+    if in_line or gone > 1 then
+      announce(key, in_line or (waiter == nil and has_queue(key)))
+    end
+    return 1
   end
-  local first, last = k, k + count - 1
-  local reply
-  if kind == "a" then
-    reply = acquire(first, last, token, ttl, count)
-  elseif kind == "f" and not queues_ok(first, last) then
-    reply = "E:WRONGTYPE the fair queue of a key of this lock holds another type"
-  elseif kind == "f" and holds(first, last, token) then
-    -- A repeat of a grant that landed (the batch was resent after a lost connection): grant
-    -- again with a fresh TTL.
-    for j = first, last do
-      redis.call("SET", KEYS[j], token, "PX", ttl)
-    end
-    reply = count
-  elseif kind == "f" then
-    now = now or now_ms()
-    local ours = true
-    for j = first, last do
-      local queue, alive = KEYS[j] .. QUEUE, KEYS[j] .. ALIVE
-      redis.call("ZADD", queue, "NX", ticket, waiter)
-      redis.call("ZADD", alive, now + lease, waiter)
-      -- The line outlives its longest lease, and no more.
-      if redis.call("PTTL", queue) < lease then
-        redis.call("PEXPIRE", queue, lease)
-        redis.call("PEXPIRE", alive, lease)
-      end
-      mark(KEYS[j], math.max(tonumber(ttl) or 0, lease))
-      if head(KEYS[j], now) ~= waiter then
-        ours = false
-      end
-    end
-    if ours then
-      reply = acquire(first, last, token, ttl, count)
+
+  -- The operation at ARGV[i], whose keys start at KEYS[k]: its reply, and where the next
+  -- operation's arguments and keys start.
+  local function operation(i, k)
+    local kind, token, ttl, count = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
+    local waiter, ticket, lease = nil, nil, nil
+    if kind == "f" or kind == "l" or kind == "R" then
+      waiter, ticket, lease = ARGV[i + 4], ARGV[i + 5], tonumber(ARGV[i + 6])
+      i = i + 7
     else
-      reply = 0
+      i = i + 4
     end
-  elseif kind == "l" then
-    for j = first, last do
-      if queue_ok(KEYS[j]) then
-        leave(KEYS[j], waiter)
-      end
-    end
-    reply = 0
-  elseif kind == "E" then
-    reply = extend_repair(first, last, token, ttl, count)
-  elseif kind == "e" then
-    reply = count
-    for j = first, last do
-      if redis.pcall("GET", KEYS[j]) ~= token then
-        reply = 0
-        break
-      end
-    end
-    if reply == count then
+    local first, last = k, k + count - 1
+    local reply
+    if kind == "a" then
+      reply = acquire(first, last, token, ttl, count)
+    elseif kind == "f" and not queues_ok(first, last) then
+      reply = "E:WRONGTYPE the fair queue of a key of this lock holds another type"
+    elseif kind == "f" and holds(first, last, token) then
+      -- A repeat of a grant that landed (the batch was resent after a lost connection): grant
+      -- again with a fresh TTL.
       for j = first, last do
-        redis.call("PEXPIRE", KEYS[j], ttl)
+        redis.call("SET", KEYS[j], token, "PX", ttl)
       end
+      reply = count
+    elseif kind == "f" then
+      now = now or now_ms()
+      local ours = true
+      for j = first, last do
+        local queue, alive = KEYS[j] .. QUEUE, KEYS[j] .. ALIVE
+        redis.call("ZADD", queue, "NX", ticket, waiter)
+        redis.call("ZADD", alive, now + lease, waiter)
+        -- The line outlives its longest lease, and no more.
+        if redis.call("PTTL", queue) < lease then
+          redis.call("PEXPIRE", queue, lease)
+          redis.call("PEXPIRE", alive, lease)
+        end
+        mark(KEYS[j], math.max(tonumber(ttl) or 0, lease))
+        if head(KEYS[j], now) ~= waiter then
+          ours = false
+        end
+      end
+      if ours then
+        reply = acquire(first, last, token, ttl, count)
+      else
+        reply = 0
+      end
+    elseif kind == "l" then
+      for j = first, last do
+        if queue_ok(KEYS[j]) then
+          leave(KEYS[j], waiter)
+        end
+      end
+      reply = 0
+    elseif kind == "n" then
+      -- After a plain compare-and-delete found the key's waiting mark (node/natives.rs): the
+      -- rest of a release, if the mark is still there.
+      for j = first, last do
+        if redis.pcall("DEL", KEYS[j] .. WAITING) == 1 then
+          announce(KEYS[j], has_queue(KEYS[j]))
+        end
+      end
+      reply = 0
+    elseif kind == "E" then
+      reply = extend_repair(first, last, token, ttl, count)
+    elseif kind == "e" then
+      reply = count
+      for j = first, last do
+        if redis.pcall("GET", KEYS[j]) ~= token then
+          reply = 0
+          break
+        end
+      end
+      if reply == count then
+        for j = first, last do
+          redis.call("PEXPIRE", KEYS[j], ttl)
+        end
+      end
+    else
+      local deleted = 0
+      local fair = kind == "R" and waiter or nil
+      for j = first, last do
+        deleted = deleted + release(KEYS[j], token, fair)
+      end
+      reply = deleted
     end
-  else
-    local deleted = 0
-    local fair = kind == "R" and waiter or nil
-    for j = first, last do
-      deleted = deleted + release(KEYS[j], token, fair)
-    end
-    reply = deleted
+    return reply, i, k + count
   end
-  return reply, i, k + count
+
+  library = { operation = operation, acquire = acquire, announce = announce,
+    has_queue = has_queue, mark = mark }
+  return library
 end
 
 local out = {}
 local k = 1
-local i = 1
+local i = keys_only and 2 or 1
 local n = 0
 while i <= #ARGV do
   n = n + 1
-  if ARGV[i] == "r" and ARGV[i + 3] == "1" then
-    -- The usual release (one key, not fair), first and with nothing else to decode: under
-    -- load about half of a batch's operations are these.
-    out[n] = release(KEYS[k], ARGV[i + 1], nil)
+  local kind, one = ARGV[i], ARGV[i + 3] == "1"
+  if one and (kind == "r" or kind == "a" or kind == "e") then
+    -- The usual operations (one key, not fair), with nothing else to decode: release as
+    -- release() does, acquire when the key is free, extend as the "e" branch does.
+    local key, token, ttl = KEYS[k], ARGV[i + 1], ARGV[i + 2]
+    if kind == "r" then
+      if redis.pcall("GET", key) ~= token then
+        out[n] = 0
+      elseif keys_only then
+        out[n] = redis.call("DEL", key)
+      else
+        -- The key and its waiting mark (see release()).
+        local gone = redis.pcall("DEL", key, key .. WAITING)
+        if type(gone) ~= "number" then
+          gone = redis.call("DEL", key)
+        end
+        if gone > 1 then
+          local l = lib()
+          l.announce(key, l.has_queue(key))
+        end
+        out[n] = 1
+      end
+    elseif kind == "a" then
+      if redis.call("SET", key, token, "NX", "PX", ttl) then
+        out[n] = 1
+      else
+        out[n] = lib().acquire(k, k, token, ttl, 1)
+      end
+    elseif redis.pcall("GET", key) == token then
+      redis.call("PEXPIRE", key, ttl)
+      out[n] = 1
+    else
+      out[n] = 0
+    end
     i = i + 4
     k = k + 1
   else
-    out[n], i, k = operation(i, k)
+    out[n], i, k = lib().operation(i, k)
   end
 end
 return out

@@ -22,7 +22,7 @@ pub mod tls;
 use std::net::TcpListener;
 use std::time::Duration;
 
-pub use servers::{Launch, Servers};
+pub use servers::{Launch, Servers, valkey9};
 
 /// A generous deadline for conditions that should come true quickly.
 pub const DEADLINE: Duration = Duration::from_secs(10);

@@ -45,6 +45,25 @@ impl Default for Launch {
     }
 }
 
+/// Valkey 9 (the first with compare-and-delete, `DELIFEQ`): `REDFENCE_VALKEY9`, or the venv
+/// `scripts/setup.sh` makes (`$REDFENCE_VALKEY9_VENV`, default `/opt/redfence-valkey9`).
+/// Panics, saying how to install it, when it is not there.
+pub fn valkey9() -> Launch {
+    let binary = std::env::var("REDFENCE_VALKEY9").unwrap_or_else(|_| {
+        let venv = std::env::var("REDFENCE_VALKEY9_VENV")
+            .unwrap_or_else(|_| "/opt/redfence-valkey9".into());
+        format!("{venv}/bin/valkey-server")
+    });
+    assert!(
+        std::path::Path::new(&binary).exists(),
+        "Valkey 9 not found at {binary}: run scripts/setup.sh (or set REDFENCE_VALKEY9)"
+    );
+    Launch {
+        binary,
+        ..Launch::default()
+    }
+}
+
 /// The server binary: `REDIS_SERVER`, or `redis-server` on `PATH`.
 pub(crate) fn binary() -> String {
     std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
