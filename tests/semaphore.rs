@@ -313,3 +313,65 @@ async fn using_extends_the_permit_and_signals_its_loss() {
         .expect("scope");
     assert!(lost, "the signal aborts once the slot is lost");
 }
+
+/// Fencing tokens are per slot: successive holders of one slot get increasing fences.
+#[tokio::test]
+async fn fences_increase_per_slot() {
+    let servers = Servers::start(3);
+    let redlock = servers
+        .builder()
+        .node_timeout(PATIENT)
+        .fencing(redfence::MemoryCounter::new())
+        .build()
+        .expect("config");
+    let sem = redlock.semaphore("fenced", 1).expect("semaphore");
+    let first = sem.acquire(TTL).await.expect("first");
+    let one = first.fence().expect("a fence");
+    assert_eq!(first.lock().resources(), ["fenced:semaphore:slot:0"]);
+    first.release().await.expect("release");
+    let second = sem.acquire(TTL).await.expect("second");
+    let two = second.fence().expect("a fence");
+    assert!(two > one, "{two} after {one}");
+    second.release().await.expect("release");
+}
+
+/// With every permit held, `acquire` gives up at `acquire_timeout` (and `try_acquire` at
+/// once), saying the slots were contended.
+#[tokio::test]
+async fn acquire_gives_up_at_the_acquire_timeout() {
+    let servers = Servers::start(3);
+    let redlock = servers
+        .builder()
+        .node_timeout(PATIENT)
+        .retry_count(10_000)
+        .acquire_timeout(Duration::from_millis(300))
+        .build()
+        .expect("config");
+    let sem = redlock.semaphore("full", 2).expect("semaphore");
+    let held = [
+        sem.acquire(TTL).await.expect("a"),
+        sem.acquire(TTL).await.expect("b"),
+    ];
+    let started = Instant::now();
+    match sem.acquire(TTL).await {
+        Err(Error::AcquireTimeout { last, attempts, .. }) => {
+            assert!(attempts >= 2, "every slot was tried: {attempts}");
+            assert!(
+                matches!(last.as_deref(), Some(Error::Contended { .. })),
+                "{last:?}"
+            );
+        }
+        other => panic!("expected AcquireTimeout, got {other:?}"),
+    }
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(300),
+        "gave up early: {took:?}"
+    );
+    assert!(took < Duration::from_secs(5), "gave up late: {took:?}");
+    assert!(matches!(
+        sem.try_acquire(TTL).await,
+        Err(Error::Contended { .. })
+    ));
+    drop(held);
+}

@@ -14,7 +14,21 @@
 //!   beside it, as for any lock). Its resource name is the same string.
 //! - `<name>:semaphore:size`: the number of permits, as decimal digits (see [`size`]).
 //!
-//! Do not lock these names as mutexes yourself.
+//! Do not lock these names as mutexes yourself. A refused try of a slot leaves the slot's
+//! waiting mark (`<slot key>:redfence:waiting`, expiring on its own), as any refused lock
+//! does, so that its release is announced.
+//!
+//! **The size key** holds K, written on each node only if absent (`scripts/claim.lua`) and
+//! refreshed by every acquisition to live `max(24 h, 2 × ttl)`: a semaphore nobody uses leaves
+//! nothing behind after a day. An acquisition proceeds only if a majority of nodes store its K;
+//! two Ks cannot both have a majority, so while the key lives, clients with another K are
+//! refused ([`Error::SemaphoreSize`]). The key is a guard against misconfiguration, not the
+//! safety argument: clients with K1 and K2 share slots 0.., so even after the key expired (a
+//! permit held over a day with no acquisition since) at most `max(K1, K2)` could hold.
+//!
+//! **Redis Cluster voters**: the slot keys and the size key are separate calls, so any name
+//! works; [`Semaphore::inspect`] reads all slots in one call, so on a Cluster voter it needs a
+//! hash tag in the name (`{jobs}`).
 //!
 //! **Finding a slot.** An attempt tries every slot once, starting at a random one and going
 //! round (one `try_acquire` each), so that concurrent callers spread over the slots instead of
@@ -208,11 +222,21 @@ impl Semaphore {
         let deadline = config.acquire_timeout.and_then(|t| started.checked_add(t));
         let mut delays = config.backoff.delays();
         let mut attempts: u32 = 0;
+        // Once per call: the size cannot change while a majority stores ours (refreshed here).
+        size::claim(shared, &self.name, &self.size_key, self.permits, ttl).await?;
         loop {
-            size::claim(shared, &self.name, &self.size_key, self.permits, ttl).await?;
             let first = rand::rng().random_range(0..self.permits);
             let mut last: Option<Error> = None;
             for offset in 0..self.permits {
+                if let Some(deadline) = deadline
+                    && clock::now() >= deadline
+                {
+                    return Err(Error::AcquireTimeout {
+                        waited: clock::since(started),
+                        attempts,
+                        last: last.map(Box::new),
+                    });
+                }
                 let slot = (first + offset) % self.permits;
                 let resource = &self.slots[slot as usize];
                 attempts += 1;
@@ -222,6 +246,7 @@ impl Semaphore {
                     Err(error) => return Err(error),
                 }
             }
+            // Every slot was tried (K >= 1), and each try that did not return set `last`.
             let last = last.unwrap_or(Error::Closed);
             let delay = match delays.next() {
                 Some(delay) if retry => delay,
