@@ -375,3 +375,56 @@ async fn acquire_gives_up_at_the_acquire_timeout() {
     ));
     drop(held);
 }
+
+/// `inspect` shows who holds which slot; a dropped permit frees its slot in the background;
+/// slot and size keys go under the key prefix.
+#[tokio::test]
+async fn inspect_shows_the_holders_and_a_dropped_permit_frees_its_slot() {
+    let servers = Servers::start(3);
+    let redlock = servers
+        .builder()
+        .node_timeout(PATIENT)
+        .key_prefix("app:")
+        .build()
+        .expect("config");
+    let sem = redlock.semaphore("pool", 3).expect("semaphore");
+    let a = sem.acquire(TTL).await.expect("a");
+    let b = sem.acquire(TTL).await.expect("b");
+    let report = sem.inspect().await.expect("inspect");
+    let views = report.views();
+    assert_eq!(views.len(), 3);
+    for (slot, view) in views.iter().enumerate() {
+        let holder = view.owner().map(|h| h.token_prefix.clone());
+        let expected = [&a, &b]
+            .into_iter()
+            .find(|p| p.slot() as usize == slot)
+            .map(|p| p.token()[..redfence::TOKEN_PREFIX_LEN].to_owned());
+        assert_eq!(holder, expected, "slot {slot}: {view}");
+    }
+    let key = format!("app:pool:semaphore:slot:{}", a.slot());
+    assert!((0..3).all(|i| servers.get(i, &key).as_deref() == Some(a.token())));
+    assert_eq!(
+        servers.get(0, "app:pool:semaphore:size").as_deref(),
+        Some("3")
+    );
+
+    drop(a);
+    assert!(
+        eventually(|| (0..3).all(|i| servers.get(i, &key).is_none())).await,
+        "a dropped permit is released in the background"
+    );
+    b.release().await.expect("release");
+}
+
+/// A permit is granted with one node down (a majority is enough), and the size check too.
+#[tokio::test]
+async fn a_permit_is_granted_with_a_minority_down() {
+    let mut servers = Servers::start(3);
+    servers.kill(2);
+    let redlock = servers.patient();
+    let sem = redlock.semaphore("pool", 2).expect("semaphore");
+    let permit = sem.acquire(TTL).await.expect("a majority is up");
+    let key = format!("pool:semaphore:slot:{}", permit.slot());
+    assert!((0..2).all(|i| servers.get(i, &key).as_deref() == Some(permit.token())));
+    permit.release().await.expect("release");
+}
