@@ -87,6 +87,7 @@ mod quorum;
 mod redlock;
 mod resource_type;
 mod retry;
+mod semaphore;
 mod trace;
 mod using;
 
@@ -109,6 +110,7 @@ pub use node_addr::NodeAddr;
 pub use redlock::Redlock;
 pub use resource_type::ResourceType;
 pub use retry::Backoff;
+pub use semaphore::{MAX_PERMITS, Permit, Semaphore};
 pub use using::Signal;
 
 /// The redis-rs crate redfence uses, so that callers name the same types (e.g. to pass a

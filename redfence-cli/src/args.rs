@@ -78,6 +78,12 @@ pub struct RunArgs {
     #[arg(short, long = "resource", value_name = "RESOURCE")]
     pub resources: Vec<String>,
 
+    /// Run holding one of N permits of a counting semaphore instead of a lock: at most N such
+    /// runs at once. Needs exactly one -r, the semaphore's name; every run of it must use the
+    /// same N. The command gets REDFENCE_SLOT (0 to N-1)
+    #[arg(short = 'n', long = "permits", value_name = "N")]
+    pub permits: Option<u32>,
+
     /// The lock's time to live; it is extended while the command runs
     #[arg(long, default_value = "30s", value_parser = duration)]
     pub ttl: Duration,
@@ -123,7 +129,7 @@ pub struct RunArgs {
     pub pass_env: bool,
 
     /// The command and its arguments, after `--`. It gets REDFENCE_RESOURCES (comma-separated),
-    /// REDFENCE_TTL_MS and, with --fencing, REDFENCE_FENCE; not REDFENCE_NODES nor
+    /// REDFENCE_TTL_MS, with -n REDFENCE_SLOT, and, with --fencing, REDFENCE_FENCE; not REDFENCE_NODES nor
     /// REDFENCE_FENCING (see --pass-env). On Linux every process it starts is followed, in its
     /// process group or out of it, and stopped before the lock is released
     #[arg(required = true, last = true, value_name = "CMD")]

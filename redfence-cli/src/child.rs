@@ -46,6 +46,8 @@ pub struct LockEnv<'a> {
     pub resources: &'a [String],
     /// The TTL in milliseconds (`REDFENCE_TTL_MS`).
     pub ttl_ms: u128,
+    /// The semaphore slot held, with `-n` (`REDFENCE_SLOT`).
+    pub slot: Option<u32>,
     /// Whether the job keeps redfence's [`SECRET_ENV`] variables (`--pass-env`).
     pub pass_env: bool,
 }
@@ -96,7 +98,11 @@ impl Job {
             .env("REDFENCE_RESOURCES", env.resources.join(","))
             .env("REDFENCE_TTL_MS", env.ttl_ms.to_string())
             .env_remove("REDFENCE_FENCE")
+            .env_remove("REDFENCE_SLOT")
             .kill_on_drop(true);
+        if let Some(slot) = env.slot {
+            command.env("REDFENCE_SLOT", slot.to_string());
+        }
         if !env.pass_env {
             for name in SECRET_ENV {
                 command.env_remove(name);

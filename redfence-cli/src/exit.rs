@@ -55,7 +55,7 @@ impl Failure {
     /// The failure for a library error; `busy` is the code for a lock held by another owner.
     pub fn from_lock_error(error: &Error, busy: u8) -> Self {
         let code = match error {
-            Error::InvalidInput(_) | Error::Config(_) => USAGE,
+            Error::InvalidInput(_) | Error::Config(_) | Error::SemaphoreSize { .. } => USAGE,
             Error::Contended { .. } | Error::AcquireTimeout { .. } => busy,
             Error::QuorumUnreachable { .. }
             | Error::Overloaded { .. }

@@ -78,6 +78,20 @@ pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
         )));
     }
     let redlock = redlock(common, args)?;
+    let semaphore = match args.permits {
+        None => None,
+        Some(permits) => {
+            let [name] = resources.as_slice() else {
+                return Err(Failure::usage(
+                    "-n/--permits needs exactly one -r, the semaphore's name",
+                ));
+            };
+            let semaphore = redlock
+                .semaphore(name, permits)
+                .map_err(|error| Failure::from_lock_error(&error, args.busy_exit_code))?;
+            Some(semaphore)
+        }
+    };
     let mut signals = Signals::catch()?;
     child::adopt_orphans();
     let wait = match (args.no_wait, args.wait) {
@@ -103,9 +117,18 @@ pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
             signals: &mut signals,
             waiting: &mut waiting,
         };
-        let outcome = redlock
-            .using(&resources, args.ttl, |signal| scope.supervise(signal))
-            .await;
+        let outcome = match &semaphore {
+            Some(semaphore) => {
+                semaphore
+                    .using(args.ttl, |signal| scope.supervise(signal))
+                    .await
+            }
+            None => {
+                redlock
+                    .using(&resources, args.ttl, |signal| scope.supervise(signal))
+                    .await
+            }
+        };
         let error = match outcome {
             Ok(code) => return Ok(code),
             Err(Stop::Failure(failure)) => return Err(failure),
@@ -203,6 +226,7 @@ impl Scope<'_> {
             fence: signal.fence(),
             resources: self.resources,
             ttl_ms: self.args.ttl.as_millis(),
+            slot: self.args.permits.and_then(|_| slot_of(&signal)),
             pass_env: self.args.pass_env,
         };
         // A signal that came while the lock was being acquired: the command does not start.
@@ -284,6 +308,14 @@ async fn hold_until(until: Instant, signal: &Signal, signals: &mut Signals) {
             }
         }
     }
+}
+
+/// The semaphore slot a permit's signal holds: the number at the end of its one resource,
+/// `<name>:semaphore:slot:<i>`.
+fn slot_of(signal: &Signal) -> Option<u32> {
+    let resource = signal.resources().first()?;
+    let (_, slot) = resource.rsplit_once(":semaphore:slot:")?;
+    slot.parse().ok()
 }
 
 /// `duration` in whole milliseconds, for a log line.

@@ -227,4 +227,17 @@ pub enum InvalidInput {
         /// The builder's `max_hold`.
         max_hold: Duration,
     },
+    /// A semaphore was asked for with zero permits: nobody could ever hold it.
+    #[error("a semaphore needs at least one permit; 0 were asked for")]
+    ZeroPermits,
+    /// A semaphore was asked for with more permits than
+    /// [`MAX_PERMITS`](crate::MAX_PERMITS): each permit is a slot that an acquisition may
+    /// try in turn, one round per slot.
+    #[error("a semaphore may have at most {max} permits; {permits} were asked for")]
+    TooManyPermits {
+        /// How many were asked for.
+        permits: u32,
+        /// The limit, [`MAX_PERMITS`](crate::MAX_PERMITS).
+        max: u32,
+    },
 }

@@ -135,6 +135,22 @@ pub enum Error {
     /// The fencing counter could not issue a token; the lock was released (fail closed).
     #[error(transparent)]
     Fencing(#[from] FencingError),
+
+    /// A semaphore's size differs between clients: a majority of nodes store another number
+    /// of permits for this name than this client was built with. Nothing was acquired. Every
+    /// client of one semaphore must use the same number of permits (see
+    /// [`Semaphore`](crate::Semaphore)).
+    #[error(
+        "semaphore {name:?} has {stored} permits on the nodes, but this client asked for {ours}; every client of a semaphore must use the same number"
+    )]
+    SemaphoreSize {
+        /// The semaphore's name.
+        name: String,
+        /// The number of permits this client asked for.
+        ours: u32,
+        /// The number the nodes store (from the first client that set it).
+        stored: String,
+    },
 }
 
 impl Error {
@@ -157,7 +173,7 @@ impl Error {
 
     /// A short, stable label for this kind of failure, for metrics and trace fields:
     /// `contended`, `unreachable`, `no_validity`, `timeout`, `lost`, `renewal_limit`,
-    /// `fencing`, `invalid`, `config`, `closed`.
+    /// `fencing`, `invalid`, `config`, `closed`, `semaphore_size`.
     pub(crate) fn label(&self) -> &'static str {
         match self {
             Error::InvalidInput(_) => "invalid",
@@ -171,6 +187,7 @@ impl Error {
             Error::LockLost { .. } => "lost",
             Error::RenewalLimit { .. } => "renewal_limit",
             Error::Fencing(_) => "fencing",
+            Error::SemaphoreSize { .. } => "semaphore_size",
         }
     }
 }

@@ -10,7 +10,7 @@ use futures::future::BoxFuture;
 use redis::aio::ConnectionLike;
 use redis::{RedisError, Script};
 
-use super::{GuardedWrite, KeyRow};
+use super::{Claim, GuardedWrite, KeyRow};
 use crate::error::NodeFailure;
 
 static INSPECT: LazyLock<Script> =
@@ -19,6 +19,8 @@ static FORCE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/force_release.lua")));
 static WRITE_IF_HELD: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/write_if_held.lua")));
+static CLAIM: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/claim.lua")));
 
 /// Reads (and with `delete`, deletes) `keys` on `conn`, as [`Node::inspect`](super::Node::inspect).
 pub(crate) async fn inspect<C: ConnectionLike + Send>(
@@ -91,6 +93,30 @@ pub(crate) async fn write_if_held<C: ConnectionLike + Send>(
         .arg(write.ttl_ms);
     let written: i64 = invocation.invoke_async(conn).await?;
     Ok(written == 1)
+}
+
+/// Claims `claim.key` for `claim.value` (set if absent, refreshed if equal), as
+/// [`Node::claim`](super::claim); the value stored.
+pub(crate) async fn claim<C: ConnectionLike + Send>(
+    conn: &mut C,
+    claim: &Claim,
+) -> Result<String, redis::RedisError> {
+    let mut invocation = CLAIM.prepare_invoke();
+    invocation
+        .key(&*claim.key)
+        .arg(&*claim.value)
+        .arg(claim.ttl_ms);
+    invocation.invoke_async(conn).await
+}
+
+/// [`claim`] over a [`Connector`].
+#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
+pub(crate) fn claim_on<C: Connector>(
+    connector: &Arc<C>,
+    request: &Claim,
+) -> BoxFuture<'static, Result<String, NodeFailure>> {
+    let (connector, request) = (Arc::clone(connector), request.clone());
+    Box::pin(async move { on(&*connector, async |conn| claim(conn, &request).await).await })
 }
 
 /// Where a voter found through others (a Cluster, a Sentinel group) gets the connection its

@@ -292,6 +292,9 @@ impl Node for ClusterNode {
                 advisory::write_if_held_on(&self.shared, &write),
                 Advice::Written,
             ),
+            Advisory::Claim(claim) => {
+                advice(advisory::claim_on(&self.shared, &claim), Advice::Claimed)
+            }
             // Every master's: `CONFIG GET` alone goes to one member, chosen at random.
             Advisory::EvictionPolicy => {
                 let shared = Arc::clone(&self.shared);

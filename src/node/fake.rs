@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 
-use super::{Advice, Advisory, GuardedWrite, KeyRow, Node, NodeCall, Op, Request, advice};
+use super::{Advice, Advisory, Claim, GuardedWrite, KeyRow, Node, NodeCall, Op, Request, advice};
 use crate::error::NodeFailure;
 
 /// How a fake node answers one kind of request.
@@ -248,6 +248,29 @@ impl FakeNode {
         })
     }
 
+    fn claim(&self, claim: &Claim) -> BoxFuture<'static, Result<String, NodeFailure>> {
+        let inner = Arc::clone(&self.inner);
+        let claim = claim.clone();
+        Box::pin(async move {
+            let mut keys = inner.keys.lock().map_err(|_| {
+                NodeFailure::Reply(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "poisoned",
+                )))
+            })?;
+            let now = Instant::now();
+            keys.retain(|_, (_, expires)| *expires > now);
+            let expires = now + Duration::from_millis(claim.ttl_ms);
+            let entry = keys
+                .entry(claim.key.to_string())
+                .or_insert_with(|| (claim.value.to_string(), expires));
+            if entry.0 == *claim.value {
+                entry.1 = expires;
+            }
+            Ok(entry.0.clone())
+        })
+    }
+
     fn eviction_policy(&self) -> BoxFuture<'static, Result<String, NodeFailure>> {
         let policy = self
             .inner
@@ -314,6 +337,7 @@ impl Node for FakeNode {
             Advisory::WriteIfHeld(write) => advice(self.write_if_held(&write), Advice::Written),
             Advisory::EvictionPolicy => advice(self.eviction_policy(), Advice::EvictionPolicy),
             Advisory::RunId => Box::pin(async { Ok(Advice::RunId(None)) }),
+            Advisory::Claim(claim) => advice(self.claim(&claim), Advice::Claimed),
         }
     }
 

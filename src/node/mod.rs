@@ -96,6 +96,15 @@ pub(crate) struct GuardedWrite {
     pub(crate) ttl_ms: u64,
 }
 
+/// A value that every client of a name must agree on, kept at `key` for `ttl_ms` (a
+/// semaphore's number of permits).
+#[derive(Clone, Debug)]
+pub(crate) struct Claim {
+    pub(crate) key: Arc<str>,
+    pub(crate) value: Arc<str>,
+    pub(crate) ttl_ms: u64,
+}
+
 /// A node call in flight ([`Node::call`]): the answer of the node's queue itself (no
 /// allocation: a lock makes one call per node per round), or a boxed future (a queue on a
 /// current-thread runtime, waited for with a watchdog; a request refused before it was
@@ -228,6 +237,8 @@ pub(crate) enum Advisory {
     EvictionPolicy,
     /// See [`run_id`].
     RunId,
+    /// See [`claim`].
+    Claim(Claim),
 }
 
 /// The answer to an [`Advisory`], of the same kind.
@@ -237,6 +248,7 @@ pub(crate) enum Advice {
     Written(bool),
     EvictionPolicy(String),
     RunId(Option<String>),
+    Claimed(String),
 }
 
 /// `call`, an advisory call's own future, as [`Node::advise`] answers it.
@@ -310,6 +322,17 @@ pub(crate) async fn eviction_policy(node: &dyn Node) -> Result<String, NodeFailu
 pub(crate) async fn run_id(node: &dyn Node) -> Result<Option<String>, NodeFailure> {
     advised(node, Advisory::RunId, |advice| match advice {
         Advice::RunId(id) => Ok(id),
+        other => Err(other),
+    })
+    .await
+}
+
+/// Sets `claim.key` to `claim.value` for `claim.ttl_ms` if it does not exist, refreshes its
+/// TTL if it holds that value, and answers with the value stored (ours or another): one
+/// atomic script (`scripts/claim.lua`).
+pub(crate) async fn claim(node: &dyn Node, claim: Claim) -> Result<String, NodeFailure> {
+    advised(node, Advisory::Claim(claim), |advice| match advice {
+        Advice::Claimed(value) => Ok(value),
         other => Err(other),
     })
     .await

@@ -203,6 +203,9 @@ impl Node for RedisNode {
                     Advice::EvictionPolicy(advisory::eviction_policy(&mut conn).await?)
                 }
                 Advisory::RunId => Advice::RunId(advisory::run_id(&mut conn).await?),
+                Advisory::Claim(claim) => {
+                    Advice::Claimed(advisory::claim(&mut conn, &claim).await?)
+                }
             })
         })
     }

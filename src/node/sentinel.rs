@@ -292,6 +292,9 @@ impl Node for SentinelNode {
                 advisory::write_if_held_on(&self.shared, &write),
                 Advice::Written,
             ),
+            Advisory::Claim(claim) => {
+                advice(advisory::claim_on(&self.shared, &claim), Advice::Claimed)
+            }
             Advisory::EvictionPolicy => advice(
                 advisory::eviction_policy_on(&self.shared),
                 Advice::EvictionPolicy,

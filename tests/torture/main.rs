@@ -17,6 +17,7 @@
 //! `TORTURE_SECS` sets the duration of each run (default 45 s).
 
 mod history;
+mod semaphore;
 #[path = "../support/mod.rs"]
 mod support;
 

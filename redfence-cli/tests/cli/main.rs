@@ -3,7 +3,7 @@
 //! (`commands.rs`); `--min-hold` (`hold.rs`); the command's own processes (`processes.rs`),
 //! and those that left its group or session (`descendants.rs`); the job's environment
 //! (`environment.rs`); a fencing counter that fails once (`fencing.rs`); a terminal's
-//! foreground (`terminal.rs`).
+//! foreground (`terminal.rs`); `-n K`, a semaphore's permits (`semaphore.rs`).
 //!
 //! The servers come from the workspace's harness, `redfence-testkit` (`testkit/`).
 
@@ -13,6 +13,7 @@ mod environment;
 mod fencing;
 mod hold;
 mod processes;
+mod semaphore;
 mod terminal;
 
 use std::io::{BufRead, BufReader};

@@ -1,0 +1,100 @@
+//! `redfence run -n K`: the job runs holding one of K permits of a counting semaphore.
+
+use std::process::Child;
+
+use super::{Files, spawn_run, wait_exit};
+use redfence_testkit::Servers;
+
+/// Twelve runs at once with `-n 3`: every job runs, never more than three at one instant,
+/// each with a `REDFENCE_SLOT` from 0 to 2, and no two at once in the same slot.
+#[test]
+fn twelve_runs_share_three_permits() {
+    const RUNS: usize = 12;
+    let servers = Servers::start(3);
+    let files = Files::new();
+    // Each job writes its own file (no shared file, no locking): its slot, then its start
+    // and end on the wall clock in nanoseconds, taken while it holds the permit.
+    let script = format!(
+        "f={dir}/job.$$; s=$(date +%s%N); sleep 0.3; e=$(date +%s%N); \
+         echo \"$REDFENCE_SLOT $s $e\" > $f.tmp && mv $f.tmp $f",
+        dir = files.dir.path().display()
+    );
+    let mut runs: Vec<Child> = (0..RUNS)
+        .map(|_| {
+            spawn_run(
+                &servers,
+                &["-n", "3", "-r", "jobs", "--wait", "60s"],
+                &script,
+            )
+        })
+        .collect();
+    for run in &mut runs {
+        assert_eq!(wait_exit(run).code(), Some(0), "every run exits 0");
+    }
+
+    let mut jobs: Vec<(u32, u128, u128)> = Vec::new();
+    for entry in std::fs::read_dir(files.dir.path()).expect("read dir") {
+        let path = entry.expect("entry").path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if !name.starts_with("job.") || name.ends_with(".tmp") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("job file");
+        let fields: Vec<&str> = text.split_whitespace().collect();
+        let [slot, start, end] = fields.as_slice() else {
+            panic!("job file {name}: {text:?}");
+        };
+        jobs.push((
+            slot.parse().expect("REDFENCE_SLOT is a number"),
+            start.parse().expect("start"),
+            end.parse().expect("end"),
+        ));
+    }
+    assert_eq!(jobs.len(), RUNS, "all twelve jobs ran");
+    assert!(jobs.iter().all(|&(slot, _, _)| slot < 3), "slots: {jobs:?}");
+
+    let mut events: Vec<(u128, i32)> = jobs
+        .iter()
+        .flat_map(|&(_, start, end)| [(start, 1), (end, -1)])
+        .collect();
+    events.sort();
+    let (mut open, mut most) = (0, 0);
+    for (_, delta) in events {
+        open += delta;
+        most = most.max(open);
+    }
+    assert!(most <= 3, "{most} jobs ran at once with -n 3");
+    assert!(most >= 2, "jobs never ran side by side ({most})");
+    for (i, a) in jobs.iter().enumerate() {
+        for b in &jobs[i + 1..] {
+            if a.0 == b.0 {
+                assert!(a.2 <= b.1 || b.2 <= a.1, "slot {} ran twice at once", a.0);
+            }
+        }
+    }
+}
+
+/// A run with another number of permits than the one running is refused (usage error, the
+/// command does not run), naming both numbers.
+#[test]
+fn another_number_of_permits_is_refused() {
+    let servers = Servers::start(3);
+    let files = Files::new();
+    let mut first = spawn_run(
+        &servers,
+        &["-n", "2", "-r", "jobs"],
+        &files.hold_until_go("first"),
+    );
+    super::wait_for("the first job", || files.path("log").exists());
+    let output = super::redfence(&servers)
+        .args(["run", "-n", "3", "-r", "jobs", "--", "sh", "-c"])
+        .arg(format!("echo second >> {}", files.p("log")))
+        .output()
+        .expect("run redfence");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(super::USAGE), "{stderr}");
+    assert!(stderr.contains("permits"), "{stderr}");
+    files.go();
+    assert_eq!(wait_exit(&mut first).code(), Some(0));
+    assert_eq!(super::lines(&files.path("log")), ["first"]);
+}

@@ -1,0 +1,430 @@
+//! The counting semaphore (K slots, each a Redlock mutex) against real redis-server processes.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redfence::{Error, InvalidInput, MAX_PERMITS, Redlock};
+use support::{PATIENT, Servers, TestRedlock, eventually};
+
+const TTL: Duration = Duration::from_secs(5);
+
+fn invalid<T: std::fmt::Debug>(result: Result<T, Error>) -> InvalidInput {
+    match result {
+        Err(Error::InvalidInput(e)) => e,
+        other => panic!("expected InvalidInput, got {other:?}"),
+    }
+}
+
+/// How many clients are connected to server `i` (the inspecting one included).
+fn clients(servers: &Servers, i: usize) -> usize {
+    let info: String = servers.cmd(i, &["INFO", "clients"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("connected_clients")
+}
+
+/// The interleaving that breaks a "set of holders per node, capped at K" design: 3 nodes,
+/// K = 2, holder A on nodes {0, 1} and holder B on nodes {1, 2}. Nodes 0 and 2 each see one
+/// holder, so a set-based design would grant C there (a majority with room): three holders.
+/// With slots, A holds slot 0 and B slot 1 on those nodes; C finds no slot free on a
+/// majority and is refused.
+#[tokio::test]
+async fn a_third_holder_is_refused_where_a_set_per_node_would_have_room() {
+    let servers = Servers::start(3);
+    let redlock = servers.patient();
+    let sem = redlock.semaphore("jobs", 2).expect("semaphore");
+    let slot0 = &sem.slots()[0];
+    let slot1 = &sem.slots()[1];
+    for node in [0, 1] {
+        let _: () = servers.cmd(node, &["SET", slot0, "token-a", "PX", "30000"]);
+    }
+    for node in [1, 2] {
+        let _: () = servers.cmd(node, &["SET", slot1, "token-b", "PX", "30000"]);
+    }
+    // Each of nodes 0 and 2 holds a single holder's key: room for one more "in a set sense".
+    for node in [0, 2] {
+        let held = servers
+            .keys(node)
+            .into_iter()
+            .filter(|k| k.contains(":semaphore:slot:"))
+            .count();
+        assert_eq!(held, 1, "node {node} sees one holder");
+    }
+    match sem.try_acquire(TTL).await {
+        Err(Error::Contended { .. }) => {}
+        other => panic!("C must be refused while A and B hold, got {other:?}"),
+    }
+    // C left nothing behind: each slot key is still A's or B's where it was, absent elsewhere.
+    assert_eq!(servers.get(0, slot0).as_deref(), Some("token-a"));
+    assert_eq!(servers.get(2, slot1).as_deref(), Some("token-b"));
+    assert!(
+        eventually(|| servers.get(0, slot1).is_none() && servers.get(2, slot0).is_none()).await
+    );
+
+    // Two real holders the same way: the third is refused, the first release lets it in.
+    let _: () = servers.cmd(0, &["FLUSHALL"]);
+    let _: () = servers.cmd(1, &["FLUSHALL"]);
+    let _: () = servers.cmd(2, &["FLUSHALL"]);
+    let a = sem.acquire(TTL).await.expect("A");
+    let b = sem.acquire(TTL).await.expect("B");
+    assert_ne!(a.slot(), b.slot());
+    assert!(matches!(
+        sem.try_acquire(TTL).await,
+        Err(Error::Contended { .. })
+    ));
+    let freed = a.slot();
+    a.release().await.expect("release A");
+    let c = sem.try_acquire(TTL).await.expect("C after A's release");
+    assert_eq!(c.slot(), freed);
+    drop((b, c));
+}
+
+/// 16 tasks, K = 3: each records the window in which its permit was valid, from when the
+/// acquisition returned to the earlier of its validity's end and the start of its release.
+/// No instant is inside more than K windows, and every task got its permits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_more_than_k_valid_permits_at_one_instant() {
+    const K: u32 = 3;
+    const ROUNDS: usize = 5;
+    let servers = Servers::start(3);
+    let redlock = servers
+        .builder()
+        .node_timeout(PATIENT)
+        .retry_count(10_000)
+        .retry_delay(Duration::from_millis(2))
+        .retry_jitter(Duration::from_millis(2))
+        .build()
+        .expect("config");
+    let sem = redlock.semaphore("workers", K).expect("semaphore");
+    let windows: Arc<Mutex<Vec<(Instant, Instant, u32)>>> = Arc::default();
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let (sem, windows) = (sem.clone(), Arc::clone(&windows));
+            tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let permit = sem.acquire(TTL).await.expect("acquire");
+                    let start = Instant::now();
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                    let end = Instant::now().min(permit.expires_at());
+                    windows
+                        .lock()
+                        .expect("windows")
+                        .push((start, end, permit.slot()));
+                    permit.release().await.expect("release");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("task");
+    }
+    let windows = windows.lock().expect("windows").clone();
+    assert_eq!(windows.len(), 16 * ROUNDS, "every task got every permit");
+    // Sweep: ends before starts at the same instant (a window is half-open).
+    let mut events: Vec<(Instant, i32)> = windows
+        .iter()
+        .flat_map(|&(start, end, _)| [(start, 1), (end, -1)])
+        .collect();
+    events.sort_by_key(|&(at, delta)| (at, delta));
+    let (mut open, mut most) = (0, 0);
+    for (_, delta) in events {
+        open += delta;
+        most = most.max(open);
+    }
+    assert!(most <= K as i32, "{most} permits valid at one instant");
+    assert!(
+        most >= 2,
+        "the test never ran permits side by side ({most})"
+    );
+    // Two windows on one slot never overlap.
+    for (i, a) in windows.iter().enumerate() {
+        for b in &windows[i + 1..] {
+            if a.2 == b.2 {
+                assert!(a.1 <= b.0 || b.1 <= a.0, "slot {} held twice at once", a.2);
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_client_with_another_number_of_permits_is_refused() {
+    let servers = Servers::start(3);
+    let redlock = servers.patient();
+    let two = redlock.semaphore("pool", 2).expect("semaphore");
+    let held = two.acquire(TTL).await.expect("first client");
+    assert_eq!(servers.get(0, "pool:semaphore:size").as_deref(), Some("2"));
+    let size_ttl = servers.pttl(0, "pool:semaphore:size");
+    assert!(
+        size_ttl > 3_600_000,
+        "the size key expires, late: {size_ttl}"
+    );
+
+    let other = servers.patient();
+    let three = other.semaphore("pool", 3).expect("semaphore");
+    match three.acquire(TTL).await {
+        Err(Error::SemaphoreSize { name, ours, stored }) => {
+            assert_eq!((name.as_str(), ours, stored.as_str()), ("pool", 3, "2"));
+        }
+        other => panic!("expected SemaphoreSize, got {other:?}"),
+    }
+    // Refused before any slot: slot 2 (only the 3-permit client has it) was never touched,
+    // and the stored size is unchanged.
+    for node in 0..3 {
+        assert!(servers.get(node, "pool:semaphore:slot:2").is_none());
+        assert_eq!(
+            servers.get(node, "pool:semaphore:size").as_deref(),
+            Some("2")
+        );
+    }
+    let message = three
+        .try_acquire(TTL)
+        .await
+        .expect_err("refused")
+        .to_string();
+    assert!(message.contains('2') && message.contains('3'), "{message}");
+    held.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn bad_sizes_names_and_ttls_are_refused_before_any_traffic() {
+    let servers = Servers::start(1);
+    let before = clients(&servers, 0);
+    let redlock = Redlock::builder()
+        .node(servers.url(0))
+        .build()
+        .expect("config");
+    assert_eq!(
+        invalid(redlock.semaphore("jobs", 0)),
+        InvalidInput::ZeroPermits
+    );
+    assert_eq!(
+        invalid(redlock.semaphore("jobs", MAX_PERMITS + 1)),
+        InvalidInput::TooManyPermits {
+            permits: MAX_PERMITS + 1,
+            max: MAX_PERMITS
+        }
+    );
+    assert_eq!(
+        invalid(redlock.semaphore("", 3)),
+        InvalidInput::EmptyResource { index: 0 }
+    );
+    let long = "x".repeat(redfence::MAX_RESOURCE_LEN);
+    assert!(matches!(
+        invalid(redlock.semaphore(&long, 3)),
+        InvalidInput::ResourceTooLong { .. }
+    ));
+    let sem = redlock.semaphore("jobs", MAX_PERMITS).expect("at the cap");
+    assert!(matches!(
+        invalid(sem.acquire(Duration::ZERO).await),
+        InvalidInput::ZeroTtl { .. }
+    ));
+    assert!(matches!(
+        invalid(
+            sem.using(Duration::from_millis(100), |_| async {
+                Ok::<(), Error>(())
+            })
+            .await
+        ),
+        InvalidInput::TtlNotAboveThreshold { .. }
+    ));
+    assert_eq!(clients(&servers, 0), before, "no connection was made");
+    assert!(servers.keys(0).is_empty());
+}
+
+#[tokio::test]
+async fn a_release_frees_a_slot_for_a_waiter() {
+    let servers = Servers::start(3);
+    let redlock = servers
+        .builder()
+        .node_timeout(PATIENT)
+        .retry_count(10_000)
+        .build()
+        .expect("config");
+    let sem = redlock.semaphore("pool", 2).expect("semaphore");
+    let a = sem.acquire(TTL).await.expect("a");
+    let b = sem.acquire(TTL).await.expect("b");
+    let waiter = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire(TTL).await }
+    });
+    // Still waiting after several retry rounds.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter got a permit while two were held"
+    );
+    let freed = b.slot();
+    b.release().await.expect("release");
+    let permit = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter gets the freed slot in time")
+        .expect("task")
+        .expect("acquire");
+    assert_eq!(permit.slot(), freed);
+    assert_ne!(permit.slot(), a.slot());
+    drop(a);
+    permit.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn using_extends_the_permit_and_signals_its_loss() {
+    let servers = Servers::start(3);
+    let redlock = servers
+        .builder()
+        .node_timeout(PATIENT)
+        .automatic_extension_threshold(Duration::from_millis(200))
+        .build()
+        .expect("config");
+    let sem = redlock.semaphore("pool", 2).expect("semaphore");
+    let ttl = Duration::from_millis(800);
+
+    // Kept well past its TTL.
+    let kept = sem
+        .using(ttl, |signal| async move {
+            let until = Instant::now() + ttl * 3;
+            while Instant::now() < until {
+                signal.check()?;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Ok::<_, Error>(signal.resources()[0].clone())
+        })
+        .await
+        .expect("kept alive");
+    assert!(kept.starts_with("pool:semaphore:slot:"), "{kept}");
+    assert!(eventually(|| (0..3).all(|i| servers.get(i, &kept).is_none())).await);
+
+    // Lost: its slot's keys are deleted behind its back; the signal aborts.
+    let lost = sem
+        .using(ttl, |signal| {
+            let servers = &servers;
+            async move {
+                let slot = signal.resources()[0].clone();
+                for node in 0..3 {
+                    let _: () = servers.cmd(node, &["DEL", &slot]);
+                }
+                let aborted = tokio::time::timeout(ttl * 4, signal.aborted()).await;
+                Ok::<_, Error>(aborted.is_ok())
+            }
+        })
+        .await
+        .expect("scope");
+    assert!(lost, "the signal aborts once the slot is lost");
+}
+
+/// Fencing tokens are per slot: successive holders of one slot get increasing fences.
+#[tokio::test]
+async fn fences_increase_per_slot() {
+    let servers = Servers::start(3);
+    let redlock = servers
+        .builder()
+        .node_timeout(PATIENT)
+        .fencing(redfence::MemoryCounter::new())
+        .build()
+        .expect("config");
+    let sem = redlock.semaphore("fenced", 1).expect("semaphore");
+    let first = sem.acquire(TTL).await.expect("first");
+    let one = first.fence().expect("a fence");
+    assert_eq!(first.lock().resources(), ["fenced:semaphore:slot:0"]);
+    first.release().await.expect("release");
+    let second = sem.acquire(TTL).await.expect("second");
+    let two = second.fence().expect("a fence");
+    assert!(two > one, "{two} after {one}");
+    second.release().await.expect("release");
+}
+
+/// With every permit held, `acquire` gives up at `acquire_timeout` (and `try_acquire` at
+/// once), saying the slots were contended.
+#[tokio::test]
+async fn acquire_gives_up_at_the_acquire_timeout() {
+    let servers = Servers::start(3);
+    let redlock = servers
+        .builder()
+        .node_timeout(PATIENT)
+        .retry_count(10_000)
+        .acquire_timeout(Duration::from_millis(300))
+        .build()
+        .expect("config");
+    let sem = redlock.semaphore("full", 2).expect("semaphore");
+    let held = [
+        sem.acquire(TTL).await.expect("a"),
+        sem.acquire(TTL).await.expect("b"),
+    ];
+    let started = Instant::now();
+    match sem.acquire(TTL).await {
+        Err(Error::AcquireTimeout { last, attempts, .. }) => {
+            assert!(attempts >= 2, "every slot was tried: {attempts}");
+            assert!(
+                matches!(last.as_deref(), Some(Error::Contended { .. })),
+                "{last:?}"
+            );
+        }
+        other => panic!("expected AcquireTimeout, got {other:?}"),
+    }
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(300),
+        "gave up early: {took:?}"
+    );
+    assert!(took < Duration::from_secs(5), "gave up late: {took:?}");
+    assert!(matches!(
+        sem.try_acquire(TTL).await,
+        Err(Error::Contended { .. })
+    ));
+    drop(held);
+}
+
+/// `inspect` shows who holds which slot; a dropped permit frees its slot in the background;
+/// slot and size keys go under the key prefix.
+#[tokio::test]
+async fn inspect_shows_the_holders_and_a_dropped_permit_frees_its_slot() {
+    let servers = Servers::start(3);
+    let redlock = servers
+        .builder()
+        .node_timeout(PATIENT)
+        .key_prefix("app:")
+        .build()
+        .expect("config");
+    let sem = redlock.semaphore("pool", 3).expect("semaphore");
+    let a = sem.acquire(TTL).await.expect("a");
+    let b = sem.acquire(TTL).await.expect("b");
+    let report = sem.inspect().await.expect("inspect");
+    let views = report.views();
+    assert_eq!(views.len(), 3);
+    for (slot, view) in views.iter().enumerate() {
+        let holder = view.owner().map(|h| h.token_prefix.clone());
+        let expected = [&a, &b]
+            .into_iter()
+            .find(|p| p.slot() as usize == slot)
+            .map(|p| p.token()[..redfence::TOKEN_PREFIX_LEN].to_owned());
+        assert_eq!(holder, expected, "slot {slot}: {view}");
+    }
+    let key = format!("app:pool:semaphore:slot:{}", a.slot());
+    assert!((0..3).all(|i| servers.get(i, &key).as_deref() == Some(a.token())));
+    assert_eq!(
+        servers.get(0, "app:pool:semaphore:size").as_deref(),
+        Some("3")
+    );
+
+    drop(a);
+    assert!(
+        eventually(|| (0..3).all(|i| servers.get(i, &key).is_none())).await,
+        "a dropped permit is released in the background"
+    );
+    b.release().await.expect("release");
+}
+
+/// A permit is granted with one node down (a majority is enough), and the size check too.
+#[tokio::test]
+async fn a_permit_is_granted_with_a_minority_down() {
+    let mut servers = Servers::start(3);
+    servers.kill(2);
+    let redlock = servers.patient();
+    let sem = redlock.semaphore("pool", 2).expect("semaphore");
+    let permit = sem.acquire(TTL).await.expect("a majority is up");
+    let key = format!("pool:semaphore:slot:{}", permit.slot());
+    assert!((0..2).all(|i| servers.get(i, &key).as_deref() == Some(permit.token())));
+    permit.release().await.expect("release");
+}
