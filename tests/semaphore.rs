@@ -296,14 +296,15 @@ async fn using_extends_the_permit_and_signals_its_loss() {
     assert!(kept.starts_with("pool:semaphore:slot:"), "{kept}");
     assert!(eventually(|| (0..3).all(|i| servers.get(i, &kept).is_none())).await);
 
-    // Lost: its slot's keys are deleted behind its back; the signal aborts.
+    // Lost: another owner holds its slot's keys (a deleted key would be set again by the
+    // next extension: extensions repair); the signal aborts.
     let lost = sem
         .using(ttl, |signal| {
             let servers = &servers;
             async move {
                 let slot = signal.resources()[0].clone();
                 for node in 0..3 {
-                    let _: () = servers.cmd(node, &["DEL", &slot]);
+                    let _: () = servers.cmd(node, &["SET", &slot, "someone-else", "PX", "60000"]);
                 }
                 let aborted = tokio::time::timeout(ttl * 4, signal.aborted()).await;
                 Ok::<_, Error>(aborted.is_ok())
