@@ -64,22 +64,43 @@ impl FencedStore {
 /// outside one it is a bug.
 #[derive(Default)]
 pub(super) struct FaultLog {
-    pub(super) windows: Mutex<Vec<(Instant, Instant)>>,
+    /// Each fault's window, and whether an overlap of leases inside it is excused (a clock
+    /// fault, a kill, a pause, a cut: not a restart, which the restart quarantine covers).
+    pub(super) windows: Mutex<Vec<(Instant, Instant, bool)>>,
     pub(super) counts: Mutex<BTreeMap<String, u32>>,
 }
 
 impl FaultLog {
-    pub(super) fn record(&self, kind: String, start: Instant, end: Instant) {
-        self.windows.lock().expect("faults").push((start, end));
+    pub(super) fn record(
+        &self,
+        kind: String,
+        start: Instant,
+        end: Instant,
+        excuses_overlaps: bool,
+    ) {
+        self.windows
+            .lock()
+            .expect("faults")
+            .push((start, end, excuses_overlaps));
         *self.counts.lock().expect("faults").entry(kind).or_default() += 1;
     }
 
+    /// Whether any fault was active between `from` and `to`.
     pub(super) fn active_during(&self, from: Instant, to: Instant) -> bool {
+        self.any_during(from, to, |_| true)
+    }
+
+    /// Whether a fault that excuses an overlap of leases was active between `from` and `to`.
+    pub(super) fn excuses_overlap(&self, from: Instant, to: Instant) -> bool {
+        self.any_during(from, to, |excuses| excuses)
+    }
+
+    fn any_during(&self, from: Instant, to: Instant, counts: impl Fn(bool) -> bool) -> bool {
         self.windows
             .lock()
             .expect("faults")
             .iter()
-            .any(|&(start, end)| start <= to && from <= end)
+            .any(|&(start, end, excuses)| counts(excuses) && start <= to && from <= end)
     }
 }
 
@@ -173,7 +194,8 @@ pub(super) fn check(shared: &Shared, faults: &FaultLog) -> (Violations, Tally) {
             .count() as u64;
     }
     drop(inner);
-    // No two live leases on a resource overlapped while no fault was active.
+    // No two live leases on a resource overlapped while no fault that excuses it was active
+    // (restarts do not: the restart quarantine keeps a restarted node's votes out).
     let leases = shared.leases.lock().expect("leases");
     for (i, a) in leases.iter().enumerate() {
         for b in &leases[i + 1..] {
@@ -184,7 +206,7 @@ pub(super) fn check(shared: &Shared, faults: &FaultLog) -> (Violations, Tally) {
             if from >= to {
                 continue;
             }
-            if faults.active_during(from, to) {
+            if faults.excuses_overlap(from, to) {
                 t.overlaps_in_faults += 1;
             } else {
                 eprintln!(

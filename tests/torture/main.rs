@@ -1,6 +1,8 @@
 //! The torture run: K workers × M resources for a bounded time, using `using()` with fencing
 //! and writing to a fenced store several times per acquisition, while a fault schedule kills,
-//! pauses, restarts and cuts off random minority nodes, makes node clocks run fast or jump
+//! pauses and cuts off random minority nodes, restarts nodes without persistence (one, or now
+//! and then a majority one after another: no overlap of leases is excused there, the workers'
+//! restart quarantine must prevent it), makes node clocks run fast or jump
 //! forward (on a minority most of the time, now and then on a majority), and freezes random
 //! workers inside their critical sections for longer than their TTL. A checker then verifies
 //! the recorded history.
@@ -42,6 +44,11 @@ const CLOCK_PERCENT: u32 = 35;
 /// Every this many clock faults, one hits a majority of the nodes (the second one first, so
 /// that a short run has one too).
 const CLOCK_MAJORITY_EVERY: u32 = 4;
+/// Every this many restarts, a majority of the nodes restarts, one after another (the second
+/// one first); the others restart one node.
+const RESTART_MAJORITY_EVERY: u32 = 3;
+/// The workers' restart quarantine: longer than any lease they hold (the TTL, renewed).
+const RESTART_QUARANTINE: Duration = Duration::from_secs(3);
 
 fn run_time() -> Duration {
     let secs = std::env::var("TORTURE_SECS")
@@ -97,6 +104,7 @@ fn worker(urls: Vec<String>, counter: Arc<dyn FencingCounter>, shared: Arc<Share
             .retry_delay(Duration::from_millis(20))
             .retry_jitter(Duration::from_millis(20))
             .acquire_timeout(Duration::from_secs(2))
+            .restart_quarantine(RESTART_QUARANTINE)
             .fair(fair)
             .build()
             .expect("config");
@@ -207,7 +215,7 @@ async fn fault_schedule(
     until: Instant,
 ) {
     let mut rng = rand::rng();
-    let mut clock_faults = 0;
+    let (mut clock_faults, mut restarts) = (0, 0);
     while Instant::now() < until {
         let clock = clocks.filter(|_| rng.random_range(0..100) < CLOCK_PERCENT);
         let kind = match clock {
@@ -220,6 +228,14 @@ async fn fault_schedule(
                 cluster.len() / 2 + 1
             } else {
                 rng.random_range(1..=2)
+            }
+        } else if kind == "restart" {
+            // Restarts without persistence: one node, or now and then a majority in sequence.
+            restarts += 1;
+            if restarts % RESTART_MAJORITY_EVERY == 2 {
+                cluster.len() / 2 + 1
+            } else {
+                1
             }
         } else {
             rng.random_range(1..=2)
@@ -243,6 +259,10 @@ async fn fault_schedule(
                 _ => {
                     cluster.kill(i);
                     cluster.restart(i);
+                    if count > 1 {
+                        // In sequence: the next one a little later.
+                        tokio::time::sleep(Duration::from_millis(rng.random_range(100..600))).await;
+                    }
                 }
             }
         }
@@ -265,6 +285,7 @@ async fn fault_schedule(
             format!("{kind}{}", if majority { " (majority)" } else { "" }),
             start,
             end,
+            kind != "restart",
         );
         // Every other fault or so, a quiet spell past the end of its window: without one, the
         // windows would cover the whole run and nothing would be checked outside faults.
