@@ -35,9 +35,19 @@ async fn a_burst_of_five_thousand_is_all_granted_on_a_majority() {
             Err(err) => panic!("lock {i} of the burst failed: {err}"),
         }
     }
-    // Every lock's key is on a majority (all three, once the stragglers landed).
+    // Every lock's key is on a majority (on a loaded machine a node's straggling acquires may
+    // be dropped behind a timed-out call: the lock still stands on the other two).
+    let on_a_majority = || {
+        let keys: Vec<std::collections::HashSet<String>> = (0..3)
+            .map(|n| servers.keys(n).into_iter().collect())
+            .collect();
+        (0..BURST).all(|i| {
+            let key = format!("burst:{i}");
+            keys.iter().filter(|k| k.contains(&key)).count() >= 2
+        })
+    };
     assert!(
-        eventually(|| (0..3).all(|n| servers.keys(n).len() >= BURST)).await,
+        eventually(on_a_majority).await,
         "keys per node: {:?}",
         (0..3).map(|n| servers.keys(n).len()).collect::<Vec<_>>()
     );
