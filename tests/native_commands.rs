@@ -31,8 +31,12 @@ fn builder(servers: &Servers) -> RedlockBuilder {
 /// Takes and releases a lock on a key of its own: the first plain release turns acquires to
 /// plain commands too (until then they go in the script).
 async fn prime(redlock: &Redlock) {
-    let lock = redlock.acquire(&["prime"], TTL).await.expect("prime");
-    lock.release().await.expect("prime release");
+    // Through using(), whose release waits for every node (a plain release returns once a
+    // majority answered, and a node that had not released yet would still take the script).
+    redlock
+        .using(&["prime"], TTL, |_| async { Ok::<_, Error>(()) })
+        .await
+        .expect("prime");
 }
 
 /// Every command server `port` runs from now on, as its arguments, until the returned
