@@ -18,6 +18,7 @@ mod redis;
 mod resend;
 #[cfg(feature = "sentinel")]
 mod sentinel;
+mod server_link;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -8,10 +8,11 @@ use futures::future::BoxFuture;
 use redis::Client;
 use tokio_util::task::TaskTracker;
 
-use super::batch::{Link, ServerLink};
+use super::batch::Link;
 use super::connection::LazyConnection;
 use super::identity::{Identity, QuarantineRule};
 use super::pipeline::Pipeline;
+use super::server_link::ServerLink;
 use super::{Advice, Advisory, Node, NodeCall, Request, advisory};
 use crate::error::NodeFailure;
 

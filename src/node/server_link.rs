@@ -1,0 +1,308 @@
+//! One server's link under its queue: the batch as one `EVALSHA` of `scripts/batch.lua` over
+//! the server's [`LazyConnection`], or, on a server with compare-and-delete, one pipeline of
+//! plain commands and script calls ([`natives`](super::natives)); the server's identity read
+//! when it is due.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, ServerErrorKind, Value};
+use tokio::time::Sleep;
+
+use super::Op;
+use super::batch::{
+    BATCH, Link, Replies, Run, Touch, check_count, count_mismatch, evalsha, write_call,
+};
+use super::connection::{Connection, LazyConnection};
+use super::identity::{Due, Identity};
+use super::natives::{self, Natives, Plan};
+use crate::error::NodeFailure;
+
+/// One server's link: the batch as one `EVALSHA` over its [`LazyConnection`], or, on a
+/// server with compare-and-delete, as one pipeline of plain commands and script calls (see
+/// [`natives`](super::natives)); the server's [`Identity`] read when it is due (first call,
+/// lost connection, `NOSCRIPT`, every second).
+pub(super) struct ServerLink {
+    connection: Arc<LazyConnection>,
+    identity: Arc<Identity>,
+    /// The call being sent, kept for the next batch's (its allocation reused).
+    script: Cmd,
+    /// What the server has, for the connection of this generation; `None` when plain
+    /// commands are turned off (`RedlockBuilder::native_commands`).
+    natives: Option<(u64, Option<Natives>)>,
+    /// The pipeline being sent, kept for the next batch's.
+    plan: Plan,
+}
+
+impl ServerLink {
+    pub(super) fn new(
+        connection: Arc<LazyConnection>,
+        native_commands: bool,
+        identity: Arc<Identity>,
+    ) -> Self {
+        ServerLink {
+            connection,
+            identity,
+            script: Cmd::new(),
+            natives: native_commands.then_some((0, None)),
+            plan: Plan::default(),
+        }
+    }
+
+    /// What the server behind `conn` has: asked once per connection.
+    async fn natives(&mut self, conn: &mut Connection) -> Natives {
+        let Some((generation, natives)) = &mut self.natives else {
+            return Natives::default();
+        };
+        if let Some(natives) = natives
+            && *generation == conn.generation()
+        {
+            return *natives;
+        }
+        let detected = match conn.req_packed_command(&natives::detection()).await {
+            Ok(command_info) => Natives::detected(&command_info),
+            // Lost on the way: ask again on the next call.
+            Err(err) if err.is_io_error() || err.is_connection_dropped() => {
+                return Natives::default();
+            }
+            Err(_) => Natives::default(),
+        };
+        *generation = conn.generation();
+        *natives = Some(detected);
+        detected
+    }
+
+    /// Sends `runs` as one pipeline of plain commands and script calls ([`Plan`]), then what
+    /// follows their contended ones, while `deadline` allows.
+    async fn send_plain(
+        &mut self,
+        mut conn: Connection,
+        natives: Natives,
+        runs: &[Run],
+        mut deadline: Pin<&mut Sleep>,
+        timeout: Duration,
+    ) -> Result<Replies, NodeFailure> {
+        let mut plan = std::mem::take(&mut self.plan);
+        plan.write(runs, natives);
+        let sent = async {
+            // Every command is repeat-safe for its token, as the script is: once more after a
+            // lost connection.
+            let values = match conn
+                .req_packed_commands(&plan.pipeline, 0, plan.commands)
+                .await
+            {
+                Err(err) if err.is_io_error() || err.is_connection_dropped() => {
+                    tracing::debug!(%err, "connection lost; retrying the batch once");
+                    self.identity.suspect();
+                    conn = self.connection.connection().await?;
+                    self.check_identity(&mut conn).await?;
+                    conn.req_packed_commands(&plan.pipeline, 0, plan.commands)
+                        .await?
+                }
+                other => other?,
+            };
+            check_count(values.len(), plan.commands)?;
+            let mut outcome = plan.read(runs, values);
+            // An extension refused by a plain command (the key missing, or another owner's)
+            // runs again in the script, which sets a missing key again ("E") on a server out
+            // of quarantine.
+            let repair = self.identity.repairs();
+            if repair {
+                for (index, run) in runs.iter().enumerate() {
+                    if run.req.op == Op::Extend
+                        && matches!(outcome.replies[index], Some(Value::Int(0)))
+                        && !outcome.again.contains(&index)
+                    {
+                        outcome.again.push(index);
+                    }
+                }
+                outcome.again.sort_unstable();
+            }
+            let mut replies: Vec<Result<Value, NodeFailure>> = std::mem::take(&mut outcome.replies)
+                .into_iter()
+                .map(|reply| Ok(reply.unwrap_or(Value::Nil)))
+                .collect();
+            if !outcome.again.is_empty() {
+                let mut call = Cmd::new();
+                let again = outcome.again.iter().map(|&i| &runs[i]);
+                let (hash, touch) = (BATCH.get_hash(), Touch::WithHelpers);
+                write_call(again, touch, &mut call, "EVALSHA", hash, repair);
+                match evalsha(&call, &mut conn).await {
+                    Ok(values) if values.len() == outcome.again.len() => {
+                        for (&i, value) in outcome.again.iter().zip(values) {
+                            replies[i] = Ok(value);
+                        }
+                    }
+                    other => {
+                        let failure = NodeFailure::from(match other {
+                            Err(err) => err,
+                            Ok(_) => count_mismatch(),
+                        });
+                        for &i in &outcome.again {
+                            replies[i] = Err(failure.clone());
+                        }
+                    }
+                }
+            }
+            Ok::<_, NodeFailure>((replies, outcome))
+        };
+        let sent = tokio::select! {
+            biased;
+            sent = sent => sent,
+            () = deadline.as_mut() => Err(NodeFailure::Timeout(timeout)),
+        };
+        self.plan = plan;
+        let (replies, outcome) = sent?;
+        if outcome.refused {
+            self.learn(&conn, |natives| *natives = Natives::default());
+        } else if outcome.released {
+            self.learn(&conn, |natives| natives.released = true);
+        }
+        // Best effort: a waiter that misses the mark or the message polls.
+        if let Some((follow_up, commands)) = natives::follow_up(&outcome) {
+            tokio::select! {
+                biased;
+                _ = conn.req_packed_commands(&follow_up, 0, commands) => {}
+                () = deadline => {}
+            }
+        }
+        Ok(Replies::Each(replies))
+    }
+}
+
+impl ServerLink {
+    /// Updates what is known of the server behind `conn`, if it is still the current one.
+    fn learn(&mut self, conn: &Connection, update: impl FnOnce(&mut Natives)) {
+        if let Some((generation, Some(natives))) = &mut self.natives
+            && *generation == conn.generation()
+        {
+            update(natives);
+        }
+    }
+
+    /// The script call, its identity check first when due, repeated once after a lost
+    /// connection (every operation is repeat-safe for its token: redis-rs's connection
+    /// reconnects after it) and run again after loading the script on `NOSCRIPT`. A lost
+    /// connection or a `NOSCRIPT` may mean that the server restarted: its identity is read
+    /// again before the call is repeated, so that extensions there repair only once it is out
+    /// of quarantine, and the votes are counted knowing its state.
+    async fn call(&mut self, runs: &[Run]) -> Result<Vec<Value>, NodeFailure> {
+        let mut conn = self.connection.connection().await?;
+        let beside = match self.identity.due() {
+            Due::Before => {
+                self.check_identity(&mut conn).await?;
+                false
+            }
+            Due::Beside => true,
+            Due::No => false,
+        };
+        self.write(runs);
+        let result = if beside {
+            // Pipelined on the multiplexed connection: one round trip for both.
+            let mut side = conn.clone();
+            let (result, ()) = tokio::join!(
+                self.script.query_async::<Vec<Value>>(&mut conn),
+                self.identity.check(&mut side)
+            );
+            result
+        } else {
+            self.script.query_async(&mut conn).await
+        };
+        let err = match result {
+            Ok(replies) => return Ok(replies),
+            Err(err) => err,
+        };
+        let noscript = err.kind() == ErrorKind::Server(ServerErrorKind::NoScript);
+        if !(noscript || err.is_io_error() || err.is_connection_dropped()) {
+            return Err(err.into());
+        }
+        self.identity.suspect();
+        if noscript {
+            // The script is loaded first (beside the identity check, in one round trip), so
+            // that a call given up at its deadline still leaves it there for the next.
+            let mut side = conn.clone();
+            let (loaded, ()) =
+                tokio::join!(BATCH.load_async(&mut conn), self.identity.check(&mut side));
+            loaded?;
+        } else {
+            tracing::debug!(%err, "connection lost; retrying the batch once");
+            conn = self.connection.connection().await?;
+            self.identity.check(&mut conn).await;
+        }
+        self.write(runs);
+        Ok(evalsha(&self.script, &mut conn).await?)
+    }
+
+    /// Reads the server's identity on `conn`; after a failure (the connection was lost: a
+    /// restart, most likely), once more on the connection made again, which `conn` becomes.
+    /// A server whose identity is still unknown after that is quarantined until it is read
+    /// (see `Identity::quarantined`).
+    async fn check_identity(&self, conn: &mut Connection) -> Result<(), NodeFailure> {
+        self.identity.check(conn).await;
+        if self.identity.due() == Due::Before {
+            *conn = self.connection.connection().await?;
+            self.identity.check(conn).await;
+        }
+        Ok(())
+    }
+
+    /// Writes `runs` as the call to send, repairing where the server is out of quarantine.
+    fn write(&mut self, runs: &[Run]) {
+        let repair = self.identity.repairs();
+        write_call(
+            runs.iter(),
+            Touch::WithHelpers,
+            &mut self.script,
+            "EVALSHA",
+            BATCH.get_hash(),
+            repair,
+        );
+    }
+}
+
+impl Link for ServerLink {
+    async fn send<'a>(
+        &'a mut self,
+        runs: &'a [Run],
+        timeout: Duration,
+        mut deadline: Pin<&'a mut Sleep>,
+    ) -> Result<Replies, NodeFailure> {
+        let mut asked = None;
+        if self.natives.is_some() {
+            let ready = async {
+                let mut conn = self.connection.connection().await?;
+                // Plain commands meet no NOSCRIPT after a restart: the identity is read
+                // before them whenever it is due.
+                if self.identity.due() != Due::No {
+                    self.check_identity(&mut conn).await?;
+                }
+                let natives = self.natives(&mut conn).await;
+                Ok::<_, NodeFailure>((conn, natives))
+            };
+            let (conn, natives) = tokio::select! {
+                biased;
+                ready = ready => ready?,
+                () = deadline.as_mut() => return Err(NodeFailure::Timeout(timeout)),
+            };
+            if natives.any_plain(runs) {
+                return self
+                    .send_plain(conn, natives, runs, deadline, timeout)
+                    .await;
+            }
+            asked = Some(conn);
+        }
+        let replies = tokio::select! {
+            biased;
+            replies = self.call(runs) => replies?,
+            () = deadline => return Err(NodeFailure::Timeout(timeout)),
+        };
+        if let Some(conn) = asked
+            && runs.iter().any(|run| run.req.op == Op::Release)
+        {
+            self.learn(&conn, |natives| natives.released = true);
+        }
+        Ok(Replies::All(replies))
+    }
+}
