@@ -3,8 +3,8 @@
 # the bench and the test harness): installs what is missing, builds the offline Redis image
 # for the docker-compose harness when Docker is available, then `cargo test --workspace
 # --all-features`; then the Redis-facing real-server suites (the core's and the command's) a
-# second time against Valkey 8.1 and a third time against Valkey 9.1 (the servers
-# scripts/setup.sh installs), and the local torture run on Valkey 9.1 too.
+# second time against Valkey 8.1, a third time against Valkey 9.1 and a fourth against Redis
+# 8.6 (the servers scripts/setup.sh installs), and the local torture run on Valkey 9.1 too.
 #
 # The docker-compose scenarios are #[ignore]d in a plain `cargo test` (they need the five
 # containers); here they run with `--ignored` where Docker and compose work, and are reported
@@ -47,13 +47,15 @@ else
     echo "[test]   Docker, its daemon, or docker-compose / 'docker compose' is not available here"
 fi
 
-# The real-server suites again, against Valkey 8.1 and 9.1: every test target of the core
+# The real-server suites again, against Valkey 8.1 and 9.1 and Redis 8.6 (plain commands with
+# DELEX): every test target of the core
 # crate and of the command (a file tests/NAME.rs, or a folder tests/NAME/ with a main.rs;
 # tests/support/ is a module, not a target) but the torture runs and TLS (the PyPI Valkey
-# builds have no TLS support); not redfence-postgres's (they test PostgreSQL, and ran above).
+# builds have no TLS support; Redis 8.6 has it, but one TLS run suffices); not redfence-postgres's (they test PostgreSQL, and ran above).
 # The compose scenarios stay #[ignore]d.
 valkey8="${REDFENCE_VALKEY:-${REDFENCE_VALKEY_VENV:-/opt/redfence-valkey}/bin/valkey-server}"
 valkey9="${REDFENCE_VALKEY9:-${REDFENCE_VALKEY9_VENV:-/opt/redfence-valkey9}/bin/valkey-server}"
+redis8="${REDFENCE_REDIS8:-${REDFENCE_REDIS8_DIR:-/opt/redfence-redis8}/bin/redis-server}"
 # The test targets under $1/tests, as --test NAME arguments.
 test_targets() {
     local file name
@@ -73,9 +75,9 @@ mapfile -t core_targets < <(test_targets .)
 mapfile -t cli_targets < <(test_targets redfence-cli)
 # `--workspace` (less redfence-postgres, whose targets share names with the core's) keeps the
 # features of the first build, so nothing is built again.
-for valkey in "$valkey8" "$valkey9"; do
-    echo "[test] the real-server suites against $("$valkey" --version | cut -d' ' -f1-3)"
-    REDIS_SERVER="$valkey" cargo test --workspace --exclude redfence-postgres --all-features \
+for server in "$valkey8" "$valkey9" "$redis8"; do
+    echo "[test] the real-server suites against $("$server" --version | cut -d' ' -f1-3)"
+    REDIS_SERVER="$server" cargo test --workspace --exclude redfence-postgres --all-features \
         "${core_targets[@]}" "${cli_targets[@]}" -- --skip torture_
 done
 # The local torture run once more on Valkey 9.1, where single-key locks go as plain commands

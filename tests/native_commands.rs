@@ -1,8 +1,8 @@
-//! Plain commands on servers with compare-and-delete (Valkey 9's `DELIFEQ`), on real Valkey 9
-//! servers: the exact commands a single-key lock sends, a release or extension of a key that
-//! holds another token changing nothing on every path, an ACL user without `+delifeq` that
-//! still releases, the hand-off's mark and message around plain commands, and the knob that
-//! turns them off.
+//! Plain commands on servers with compare-and-delete, on real servers of both kinds (Valkey 9,
+//! `DELIFEQ`; Redis 8.4 and later, `DELEX … IFEQ`): the exact commands a single-key lock
+//! sends, a release or extension of a key that holds another token changing nothing on every
+//! path, an ACL user without the compare-and-delete command that still releases, the
+//! hand-off's mark and message around plain commands, and the knob that turns them off.
 
 mod support;
 
@@ -12,12 +12,45 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use redfence::{Error, Redlock, RedlockBuilder};
-use support::{DEADLINE, Servers, TestRedlock, eventually, valkey9};
+use support::{DEADLINE, Launch, Servers, TestRedlock, eventually, redis8, valkey9};
 
 const TTL: Duration = Duration::from_secs(10);
 
-fn start(n: usize) -> Servers {
-    Servers::start_launched(n, &[], |_| valkey9())
+/// A server with compare-and-delete, and its command.
+#[derive(Clone, Copy)]
+struct Kind {
+    name: &'static str,
+    launch: fn() -> Launch,
+    /// The compare-and-delete command, as `INFO commandstats` and ACL rules name it.
+    command: &'static str,
+}
+
+/// Every kind of server with compare-and-delete; each test runs on each.
+const KINDS: [Kind; 2] = [
+    Kind {
+        name: "Valkey 9",
+        launch: valkey9,
+        command: "delifeq",
+    },
+    Kind {
+        name: "Redis 8",
+        launch: redis8,
+        command: "delex",
+    },
+];
+
+impl Kind {
+    fn start(self, n: usize) -> Servers {
+        Servers::start_launched(n, &[], |_| (self.launch)())
+    }
+
+    /// The plain release of `key` held with `token`, as `MONITOR` shows it.
+    fn release(self, key: &str, token: &str) -> Vec<String> {
+        match self.command {
+            "delifeq" => args(&["DELIFEQ", key, token]),
+            _ => args(&["DELEX", key, "IFEQ", token]),
+        }
+    }
 }
 
 /// A builder over `servers`, with one attempt per acquisition and a patient node timeout.
@@ -99,8 +132,14 @@ fn args(words: &[&str]) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_single_key_lock_is_plain_set_and_delifeq_byte_for_byte() {
-    let servers = start(3);
+async fn a_single_key_lock_is_plain_set_and_compare_and_delete_byte_for_byte() {
+    for kind in KINDS {
+        single_key_lock_byte_for_byte(kind).await;
+    }
+}
+
+async fn single_key_lock_byte_for_byte(kind: Kind) {
+    let servers = kind.start(3);
     let redlock = builder(&servers).build().expect("config");
     prime(&redlock).await;
 
@@ -124,13 +163,19 @@ async fn a_single_key_lock_is_plain_set_and_delifeq_byte_for_byte() {
         vec![
             args(&["SET", "invoice:7", &token, "NX", "GET", "PX", "10000"]),
             args(&["SET", "invoice:7", &token, "IFEQ", &token, "PX", "20000"]),
-            args(&["DELIFEQ", "invoice:7", &token]),
+            kind.release("invoice:7", &token),
             args(&["EXISTS", "invoice:7:redfence:waiting"]),
         ],
-        "no script call, nothing else"
+        "{}: no script call, nothing else",
+        kind.name
     );
+    // The other nodes' releases may still be on their way (see above).
     for i in 0..3 {
-        assert_eq!(servers.get(i, "invoice:7"), None, "node {i}");
+        assert!(
+            support::eventually(|| servers.get(i, "invoice:7").is_none()).await,
+            "{}: node {i}",
+            kind.name
+        );
     }
 }
 
@@ -138,7 +183,13 @@ async fn a_single_key_lock_is_plain_set_and_delifeq_byte_for_byte() {
 /// call is the script.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turned_off_or_on_several_keys_every_call_is_the_script() {
-    let servers = start(3);
+    for kind in KINDS {
+        every_call_is_the_script(kind).await;
+    }
+}
+
+async fn every_call_is_the_script(kind: Kind) {
+    let servers = kind.start(3);
     let off = builder(&servers)
         .native_commands(false)
         .build()
@@ -148,18 +199,24 @@ async fn turned_off_or_on_several_keys_every_call_is_the_script() {
     }
     let on = builder(&servers).build().expect("config");
     prime(&on).await;
-    let delifeq_before = servers.command_stat(0, "delifeq", "calls");
+    let delete_before = servers.command_stat(0, kind.command, "calls");
     let lock = on.acquire(&["a", "b"], TTL).await.expect("two keys");
     lock.release().await.expect("release");
     for _ in 0..3 {
         prime(&off).await;
     }
     assert_eq!(
-        servers.command_stat(0, "delifeq", "calls"),
-        delifeq_before,
-        "no DELIFEQ but the one lock of `on` that had a single key"
+        servers.command_stat(0, kind.command, "calls"),
+        delete_before,
+        "{}: no {} but the one lock of `on` that had a single key",
+        kind.name,
+        kind.command
     );
-    assert_eq!(delifeq_before, 1, "the priming release of `on`");
+    assert_eq!(
+        delete_before, 1,
+        "{}: the priming release of `on`",
+        kind.name
+    );
 }
 
 /// A key that holds another token (its TTL passed and someone else took it) is neither
@@ -167,7 +224,13 @@ async fn turned_off_or_on_several_keys_every_call_is_the_script() {
 /// script with them turned off.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_holding_another_token_is_untouched_on_every_path() {
-    let servers = start(3);
+    for kind in KINDS {
+        another_token_untouched(kind).await;
+    }
+}
+
+async fn another_token_untouched(kind: Kind) {
+    let servers = kind.start(3);
     for native in [true, false] {
         let redlock = builder(&servers)
             .native_commands(native)
@@ -186,32 +249,45 @@ async fn a_key_holding_another_token_is_untouched_on_every_path() {
             .extend(Duration::from_secs(30))
             .await
             .expect_err("not ours any more");
-        assert!(matches!(err, Error::LockLost { .. }), "{native}: {err}");
+        assert!(
+            matches!(err, Error::LockLost { .. }),
+            "{}, native {native}: {err}",
+            kind.name
+        );
         let _ = lock.release().await;
         for i in 0..3 {
             assert_eq!(
                 servers.get(i, &key).as_deref(),
                 Some("someone-else"),
-                "native {native}, node {i}"
+                "{}, native {native}, node {i}",
+                kind.name
             );
             assert!(
                 servers.pttl(i, &key) > 50_000,
-                "native {native}, node {i}: the TTL is theirs"
+                "{}, native {native}, node {i}: the TTL is theirs",
+                kind.name
             );
         }
     }
 }
 
-/// A user allowed everything but `DELIFEQ` (and so refused the plain release) still
-/// releases: the refused release runs again in the script, and that connection keeps to the
-/// script from then on.
+/// A user allowed everything but the compare-and-delete command (and so refused the plain
+/// release) still releases: the refused release runs again in the script, and that
+/// connection keeps to the script from then on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_acl_user_without_delifeq_still_releases() {
-    let servers = start(3);
+async fn an_acl_user_without_compare_and_delete_still_releases() {
+    for kind in KINDS {
+        without_compare_and_delete(kind).await;
+    }
+}
+
+async fn without_compare_and_delete(kind: Kind) {
+    let servers = kind.start(3);
     let mut urls = Vec::new();
+    let refused = format!("-{}", kind.command);
     for i in 0..3 {
         let rules = [
-            "SETUSER", "nodel", "on", ">pw", "~*", "&*", "+@all", "-delifeq",
+            "SETUSER", "nodel", "on", ">pw", "~*", "&*", "+@all", &refused,
         ];
         let mut cmd = vec!["ACL"];
         cmd.extend(rules);
@@ -232,16 +308,18 @@ async fn an_acl_user_without_delifeq_still_releases() {
         for i in 0..3 {
             assert!(
                 eventually(|| servers.get(i, "job").is_none()).await,
-                "round {round}, node {i}: still held"
+                "{}, round {round}, node {i}: still held",
+                kind.name
             );
         }
     }
     for i in 0..3 {
         assert_eq!(
-            servers.command_stat(i, "delifeq", "rejected_calls")
-                + servers.command_stat(i, "delifeq", "failed_calls"),
+            servers.command_stat(i, kind.command, "rejected_calls")
+                + servers.command_stat(i, kind.command, "failed_calls"),
             1,
-            "node {i}: refused once, then the script only"
+            "{}, node {i}: refused once, then the script only",
+            kind.name
         );
     }
 }
@@ -251,7 +329,13 @@ async fn an_acl_user_without_delifeq_still_releases() {
 /// retry delay far longer than the wait) takes the lock at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_in_another_process_hears_a_plain_release() {
-    let servers = start(3);
+    for kind in KINDS {
+        waiter_hears_a_plain_release(kind).await;
+    }
+}
+
+async fn waiter_hears_a_plain_release(kind: Kind) {
+    let servers = kind.start(3);
     let holder = builder(&servers).build().expect("config");
     let waiter = servers
         .builder()
@@ -274,13 +358,7 @@ async fn a_waiter_in_another_process_hears_a_plain_release() {
     );
     // The waiter listens on every node before the release (a message sent earlier is missed,
     // and the waiter would poll: here after its 20 s retry delay).
-    let listening = || {
-        (0..3).all(|i| {
-            let (_, count): (String, i64) =
-                servers.cmd(i, &["PUBSUB", "NUMSUB", "redfence:released:hot"]);
-            count > 0
-        })
-    };
+    let listening = || (0..3).all(|i| servers.release_subscribers(i, "hot") > 0);
     assert!(eventually(listening).await, "the waiter subscribed");
     let released = Instant::now();
     held.release().await.expect("release");

@@ -22,7 +22,7 @@ pub mod tls;
 use std::net::TcpListener;
 use std::time::Duration;
 
-pub use servers::{Launch, Servers, valkey9};
+pub use servers::{Launch, Servers, redis8, valkey9};
 
 /// A generous deadline for conditions that should come true quickly.
 pub const DEADLINE: Duration = Duration::from_secs(10);

@@ -33,6 +33,20 @@ impl SentinelGroup {
         let servers = Servers::start(2);
         let master_port = servers.port(0).to_string();
         servers.cmd::<()>(1, &["REPLICAOF", "127.0.0.1", &master_port]);
+        // The master lists its replica before the sentinels start, so that each one's first
+        // look at the master (`INFO`, then every 10 s) finds it.
+        let listed = || {
+            let info: String = servers.cmd(0, &["INFO", "replication"]);
+            info.lines().any(|l| l.trim() == "connected_slaves:1")
+        };
+        let deadline = Instant::now() + DEADLINE * 3;
+        while !listed() {
+            assert!(
+                Instant::now() < deadline,
+                "the master never listed its replica"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let sentinels = (0..3)
             .map(|_| {
                 let dir = tempfile::tempdir().expect("temp dir");
@@ -97,14 +111,26 @@ impl SentinelGroup {
         addr.get(1)?.parse().ok()
     }
 
-    /// Polls `cond` until it holds, or panics after [`DEADLINE`].
+    /// Polls `cond` until it holds, or panics after six times [`DEADLINE`] (sentinels look
+    /// at their master every 10 s), saying what each sentinel knows.
     pub fn wait_until(&self, cond: impl Fn(&Self) -> bool) {
-        let deadline = Instant::now() + DEADLINE * 3;
+        let deadline = Instant::now() + DEADLINE * 6;
         while !cond(self) {
-            assert!(
-                Instant::now() < deadline,
-                "the sentinel group did not settle"
-            );
+            if Instant::now() >= deadline {
+                let seen: Vec<String> = (0..self.sentinels.len())
+                    .map(|i| {
+                        let master = self.query::<Vec<String>>(
+                            i,
+                            &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER],
+                        );
+                        let replicas = self
+                            .query::<Vec<redis::Value>>(i, &["SENTINEL", "REPLICAS", MASTER])
+                            .map(|r| r.len());
+                        format!("sentinel {i}: master {master:?}, replicas {replicas:?}")
+                    })
+                    .collect();
+                panic!("the sentinel group did not settle: {}", seen.join("; "));
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
     }

@@ -45,18 +45,56 @@ impl Default for Launch {
     }
 }
 
+/// Redis 8 (8.4 and later have compare-and-delete, `DELEX … IFEQ`): `REDFENCE_REDIS8`, or the
+/// one `scripts/setup.sh` unpacks (`$REDFENCE_REDIS8_DIR`, default `/opt/redfence-redis8`).
+/// Panics, saying how to install it, when it is not there.
+pub fn redis8() -> Launch {
+    installed(Installed {
+        what: "Redis 8",
+        binary_var: "REDFENCE_REDIS8",
+        dir_var: "REDFENCE_REDIS8_DIR",
+        default_dir: "/opt/redfence-redis8",
+        name: "redis-server",
+    })
+}
+
 /// Valkey 9 (the first with compare-and-delete, `DELIFEQ`): `REDFENCE_VALKEY9`, or the venv
 /// `scripts/setup.sh` makes (`$REDFENCE_VALKEY9_VENV`, default `/opt/redfence-valkey9`).
 /// Panics, saying how to install it, when it is not there.
 pub fn valkey9() -> Launch {
-    let binary = std::env::var("REDFENCE_VALKEY9").unwrap_or_else(|_| {
-        let venv = std::env::var("REDFENCE_VALKEY9_VENV")
-            .unwrap_or_else(|_| "/opt/redfence-valkey9".into());
-        format!("{venv}/bin/valkey-server")
+    installed(Installed {
+        what: "Valkey 9",
+        binary_var: "REDFENCE_VALKEY9",
+        dir_var: "REDFENCE_VALKEY9_VENV",
+        default_dir: "/opt/redfence-valkey9",
+        name: "valkey-server",
+    })
+}
+
+/// Where `scripts/setup.sh` installs a server other than the system's `redis-server`.
+struct Installed {
+    /// The server's name in the panic message.
+    what: &'static str,
+    /// The variable that names the binary itself.
+    binary_var: &'static str,
+    /// The variable that names the install directory (the binary is in its `bin/`).
+    dir_var: &'static str,
+    default_dir: &'static str,
+    /// The binary's file name.
+    name: &'static str,
+}
+
+/// The launch of an installed server; panics, saying how to install it, when it is not there.
+fn installed(server: Installed) -> Launch {
+    let binary = std::env::var(server.binary_var).unwrap_or_else(|_| {
+        let dir = std::env::var(server.dir_var).unwrap_or_else(|_| server.default_dir.into());
+        format!("{dir}/bin/{}", server.name)
     });
     assert!(
         std::path::Path::new(&binary).exists(),
-        "Valkey 9 not found at {binary}: run scripts/setup.sh (or set REDFENCE_VALKEY9)"
+        "{} not found at {binary}: run scripts/setup.sh (or set {})",
+        server.what,
+        server.binary_var
     );
     Launch {
         binary,
@@ -301,6 +339,14 @@ impl Servers {
             cmd.arg(*a);
         }
         cmd.query(&mut self.conn(i)).expect("command")
+    }
+
+    /// Clients subscribed on server `i` to the release channel of lock key `key`
+    /// (`redfence:released:<key>`, where a release announces itself to waiters).
+    pub fn release_subscribers(&self, i: usize, key: &str) -> i64 {
+        let channel = format!("redfence:released:{key}");
+        let (_, count): (String, i64) = self.cmd(i, &["PUBSUB", "NUMSUB", &channel]);
+        count
     }
 
     /// Server `i`'s `EVALSHA` counts from `INFO commandstats`: calls and failed calls (0 and

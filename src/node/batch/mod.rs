@@ -16,7 +16,7 @@ use tokio::time::Sleep;
 use super::{Op, Reply, Request};
 use crate::error::NodeFailure;
 
-const BATCH_SOURCE: &str = include_str!("../scripts/batch.lua");
+const BATCH_SOURCE: &str = include_str!("../../scripts/batch.lua");
 /// The batch script, for the links that send it.
 pub(super) static BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(BATCH_SOURCE));
 
@@ -114,6 +114,7 @@ pub(super) mod test_jobs {
             token: Arc::from(token),
             ttl_ms: 1_000,
             queue: None,
+            rw: None,
         }
     }
 
@@ -146,6 +147,7 @@ fn size(req: &Request) -> usize {
     req.keys.iter().map(String::len).sum::<usize>()
         + req.token.len()
         + req.queue.as_deref().map_or(0, |q| q.waiter.len())
+        + req.rw.as_deref().map_or(0, |rw| rw.waiter.len())
 }
 
 impl Batch {
@@ -338,6 +340,10 @@ pub(super) fn write_call<'r>(
         script.arg("-");
     }
     for Run { req, .. } in runs {
+        if let Some(rw) = req.rw.as_deref() {
+            super::rw_call::write(script, req, rw);
+            continue;
+        }
         let kind = match (req.op, &req.queue) {
             (Op::Acquire, None) => "a",
             (Op::Acquire, Some(_)) => "f",
@@ -454,51 +460,4 @@ fn parse(value: Value) -> Result<i64, NodeFailure> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn run(key: String) -> Job {
-        Job::Run {
-            req: Request {
-                op: Op::Acquire,
-                keys: vec![key].into(),
-                token: "token".into(),
-                ttl_ms: 1_000,
-                queue: None,
-            },
-            reply: None,
-            resend_until: None,
-        }
-    }
-
-    #[test]
-    fn a_batch_stops_at_max_bytes_and_a_larger_request_goes_alone() {
-        let mut batch = Batch::default();
-        let big = || run("k".repeat(MAX_BYTES / 4));
-        for _ in 0..3 {
-            assert!(batch.try_push(big()).is_ok());
-        }
-        assert!(
-            batch.try_push(big()).is_err(),
-            "a fourth would pass MAX_BYTES"
-        );
-        assert!(batch.try_push(run("small".into())).is_ok());
-        assert!(!batch.full());
-        // The serving loop pushes the first request whatever its size: it goes alone.
-        let mut alone = Batch::default();
-        alone.push(run("k".repeat(MAX_BYTES + 1)));
-        assert!(alone.full());
-        assert!(alone.try_push(run("small".into())).is_err());
-    }
-
-    #[test]
-    fn replies_are_integers_or_the_operations_own_error() {
-        assert_eq!(parse(Value::Int(2)).ok(), Some(2));
-        let err = parse(Value::BulkString(
-            b"E:WRONGTYPE Operation against a key holding the wrong kind of value".to_vec(),
-        ))
-        .expect_err("an error");
-        assert!(err.to_string().contains("error reply"), "{err}");
-        assert!(format!("{err:?}").contains("WRONGTYPE"), "{err:?}");
-    }
-}
+mod tests;

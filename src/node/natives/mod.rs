@@ -1,10 +1,11 @@
 //! Plain commands instead of the batch script, on servers that have compare-and-delete
-//! (Valkey 9's `DELIFEQ`): a single-key lock outside fair mode is `SET k t NX GET PX ttl` to
-//! acquire, `SET k t IFEQ t PX ttl` to extend and `DELIFEQ k t` to release, with no Lua. Keys
-//! and values are the script's, so node-redlock and redsync still interoperate. The rest of a
-//! batch (several keys, fair mode) goes as script calls in the same pipeline, in order. On
-//! servers without compare-and-delete, plain acquires beside scripted releases did not pay
-//! (Redis 7.0: 64-way throughput 0.89–0.94×, BENCHMARKS.md): the script does everything there.
+//! (Valkey 9's `DELIFEQ`, Redis 8.4's `DELEX … IFEQ`): a single-key lock outside fair mode is
+//! `SET k t NX GET PX ttl` to acquire, `SET k t IFEQ t PX ttl` to extend and `DELIFEQ k t`
+//! (`DELEX k IFEQ t`) to release, with no Lua. Keys and values are the script's, so
+//! node-redlock and redsync still interoperate. The rest of a batch (several keys, fair mode)
+//! goes as script calls in the same pipeline, in order. On servers without compare-and-delete,
+//! plain acquires beside scripted releases did not pay (Redis 7.0: 64-way throughput
+//! 0.89–0.94×, BENCHMARKS.md): the script does everything there.
 //!
 //! What the script does beside a contended operation follows it, best effort: a refused
 //! acquire marks its key as waited for, and a release that found its key marked announces
@@ -24,39 +25,60 @@ use crate::helper_keys::{MIN_WAIT_MARK_MS, WAITING};
 /// command after the server was replaced by an older one).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct Natives {
-    /// `DELIFEQ` and `SET … IFEQ` (Valkey 9): plain releases and extensions, and acquires
-    /// once `released`.
-    pub(super) delifeq: bool,
+    /// The server's compare-and-delete, which comes with `SET … IFEQ` (Valkey 9, Redis 8.4):
+    /// plain releases and extensions, and acquires once `released`. `None`: the script.
+    pub(super) delete: Option<CompareAndDelete>,
     /// A release went through on this connection (plain, or the script): acquires go plain
     /// only then, so that no lock is granted by a command this user may run that it could not
     /// release.
     pub(super) released: bool,
 }
 
+/// A server's compare-and-delete command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum CompareAndDelete {
+    /// `DELIFEQ key value` (Valkey 9).
+    Delifeq,
+    /// `DELEX key IFEQ value` (Redis 8.4).
+    Delex,
+}
+
 impl Natives {
-    /// From the reply to `COMMAND INFO DELIFEQ` ([`detection`]): one entry, nil for an
-    /// unknown command.
+    /// From the reply to `COMMAND INFO DELIFEQ DELEX` ([`detection`]): one entry per command,
+    /// nil for an unknown one. `DELIFEQ` is preferred where a server has both.
     pub(super) fn detected(command_info: &Value) -> Natives {
-        let delifeq = matches!(
-            command_info,
-            Value::Array(entries) if matches!(entries.first(), Some(Value::Array(_)))
-        );
+        let known = |i: usize| {
+            matches!(
+                command_info,
+                Value::Array(entries) if matches!(entries.get(i), Some(Value::Array(_)))
+            )
+        };
+        let delete = if known(0) {
+            Some(CompareAndDelete::Delifeq)
+        } else if known(1) {
+            Some(CompareAndDelete::Delex)
+        } else {
+            None
+        };
         Natives {
-            delifeq,
+            delete,
             released: false,
         }
     }
 
     /// How `req` goes: as a plain command of this kind, or in the script (`None`).
     fn plain(self, req: &Request) -> Option<Plain> {
-        if req.queue.is_some() || req.keys.len() != 1 {
+        // A read-write lock's operations are the script's alone (three keys, a sorted set).
+        if req.queue.is_some() || req.rw.is_some() || req.keys.len() != 1 {
             return None;
         }
+        let delete = self.delete?;
         match req.op {
-            Op::Acquire if self.delifeq && self.released => Some(Plain::Acquire),
-            Op::Extend if self.delifeq => Some(Plain::Extend),
-            Op::Release if self.delifeq => Some(Plain::Release),
-            _ => None,
+            Op::Acquire if self.released => Some(Plain::Acquire),
+            Op::Acquire => None,
+            Op::Extend => Some(Plain::Extend),
+            Op::Release => Some(Plain::Release(delete)),
+            Op::Leave => None,
         }
     }
 
@@ -66,10 +88,11 @@ impl Natives {
     }
 }
 
-/// What tells a link whether its server has compare-and-delete: `COMMAND INFO DELIFEQ`.
+/// What tells a link whether its server has compare-and-delete:
+/// `COMMAND INFO DELIFEQ DELEX`.
 pub(super) fn detection() -> Cmd {
     let mut cmd = redis::cmd("COMMAND");
-    cmd.arg("INFO").arg("DELIFEQ");
+    cmd.arg("INFO").arg("DELIFEQ").arg("DELEX");
     cmd
 }
 
@@ -77,11 +100,12 @@ pub(super) fn detection() -> Cmd {
 enum Plain {
     Acquire,
     Extend,
-    Release,
+    Release(CompareAndDelete),
 }
 
 /// One piece of a batch in its pipeline: a request as a plain command (a release is two:
-/// `DELIFEQ` and `EXISTS` of its waiting mark), or consecutive requests in one script call.
+/// compare-and-delete and `EXISTS` of its waiting mark), or consecutive requests in one
+/// script call.
 #[derive(Debug, PartialEq, Eq)]
 enum Piece {
     Plain(Plain, usize),
@@ -159,8 +183,13 @@ impl Plan {
                                 .arg(token);
                             pipeline.arg("PX").arg(req.ttl_ms);
                         }
-                        Plain::Release => {
+                        Plain::Release(CompareAndDelete::Delifeq) => {
                             pipeline.cmd("DELIFEQ").arg(key).arg(token);
+                            pipeline.cmd("EXISTS").arg(MarkOf(key));
+                            commands += 1;
+                        }
+                        Plain::Release(CompareAndDelete::Delex) => {
+                            pipeline.cmd("DELEX").arg(key).arg("IFEQ").arg(token);
                             pipeline.cmd("EXISTS").arg(MarkOf(key));
                             commands += 1;
                         }
@@ -195,7 +224,7 @@ impl Plan {
                     let key = &req.keys[0];
                     let first = next();
                     if let Value::ServerError(err) = &first {
-                        if plain == Plain::Release {
+                        if matches!(plain, Plain::Release(_)) {
                             let _ = next(); // its EXISTS
                         }
                         if refuses_plain(err.code(), err.details()) {
@@ -224,7 +253,7 @@ impl Plan {
                         (Plain::Extend, Value::Okay) => Value::Int(1),
                         (Plain::Extend, Value::SimpleString(ok)) if ok == "OK" => Value::Int(1),
                         (Plain::Extend, _) => Value::Int(0),
-                        (Plain::Release, deleted) => {
+                        (Plain::Release(_), deleted) => {
                             outcome.released = true;
                             let deleted = matches!(deleted, Value::Int(1));
                             let marked = matches!(next(), Value::Int(1));
@@ -322,181 +351,4 @@ pub(super) fn follow_up(outcome: &Outcome) -> Option<(Pipeline, usize)> {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use super::*;
-    use crate::node::QueueTicket;
-    use crate::node::batch::test_jobs;
-
-    fn run(op: Op, keys: &[&str], token: &str) -> Run {
-        Run::unanswered(Request {
-            keys: keys.iter().map(|k| (*k).to_owned()).collect(),
-            ttl_ms: 5_000,
-            ..test_jobs::request(op, token)
-        })
-    }
-
-    /// The error reply `-text` as a pipeline holds it.
-    fn server_error(text: &str) -> Value {
-        let value =
-            redis::parse_redis_value(format!("-{text}\r\n").as_bytes()).expect("an error reply");
-        assert!(matches!(value, Value::ServerError(_)), "{value:?}");
-        value
-    }
-
-    const ALL: Natives = Natives {
-        delifeq: true,
-        released: true,
-    };
-
-    fn pieces(runs: &[Run], natives: Natives) -> Vec<Piece> {
-        Plan::new(runs, natives).pieces
-    }
-
-    #[test]
-    fn only_single_key_locks_outside_fair_mode_go_plain_and_the_rest_is_grouped() {
-        let mut fair = run(Op::Acquire, &["f"], "t");
-        fair.req.queue = Some(Arc::new(QueueTicket {
-            waiter: "w".into(),
-            ticket: 1,
-            lease_ms: 1_000,
-        }));
-        let runs = [
-            run(Op::Acquire, &["a"], "t"),
-            run(Op::Acquire, &["b", "c"], "t"),
-            fair,
-            run(Op::Release, &["d"], "t"),
-            run(Op::Extend, &["e"], "t"),
-            run(Op::Leave, &["g"], "t"),
-        ];
-        assert_eq!(
-            pieces(&runs, ALL),
-            vec![
-                Piece::Plain(Plain::Acquire, 0),
-                Piece::Script(1..3),
-                Piece::Plain(Plain::Release, 3),
-                Piece::Plain(Plain::Extend, 4),
-                Piece::Script(5..6),
-            ]
-        );
-        // Acquires wait for a release to have gone through.
-        let unproven = Natives {
-            released: false,
-            ..ALL
-        };
-        assert_eq!(pieces(&runs, unproven)[0], Piece::Script(0..3));
-        let none = Natives::default();
-        assert!(!none.any_plain(&runs));
-        assert_eq!(pieces(&runs, none), vec![Piece::Script(0..6)]);
-        // A release is two commands (DELIFEQ, EXISTS of the mark).
-        assert_eq!(Plan::new(&runs, ALL).commands, 6);
-    }
-
-    #[test]
-    fn replies_read_as_the_scripts_and_contention_asks_for_marks_and_announcements() {
-        let runs = [
-            run(Op::Acquire, &["free"], "t1"),
-            run(Op::Acquire, &["ours"], "t2"),
-            run(Op::Acquire, &["taken"], "t3"),
-            run(Op::Acquire, &["hash"], "t4"),
-            run(Op::Extend, &["held"], "t5"),
-            run(Op::Extend, &["lost"], "t6"),
-            run(Op::Release, &["waited"], "t7"),
-            run(Op::Release, &["quiet"], "t8"),
-            run(Op::Release, &["gone"], "t9"),
-            run(Op::Release, &["wrongtype"], "t10"),
-        ];
-        let plan = Plan::new(&runs, ALL);
-        let values = vec![
-            Value::Nil,
-            Value::BulkString(b"t2".to_vec()),
-            Value::BulkString(b"someone".to_vec()),
-            server_error("WRONGTYPE Operation against a key holding the wrong kind of value"),
-            Value::Okay,
-            Value::Nil,
-            Value::Int(1),
-            Value::Int(1),
-            Value::Int(1),
-            Value::Int(0),
-            Value::Int(0),
-            Value::Int(1),
-            server_error("WRONGTYPE Operation against a key holding the wrong kind of value"),
-            Value::Int(0),
-        ];
-        assert_eq!(values.len(), plan.commands);
-        let outcome = plan.read(&runs, values);
-        let replies: Vec<Value> = outcome.replies.iter().flatten().cloned().collect();
-        assert_eq!(replies.len(), runs.len());
-        let ints: Vec<Option<i64>> = replies
-            .iter()
-            .map(|v| match v {
-                Value::Int(n) => Some(*n),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(
-            ints,
-            vec![
-                Some(1), // free: granted
-                Some(1), // ours already (a repeat that landed): granted
-                Some(0), // taken: refused
-                None,    // a key of another type: the acquire's own error
-                Some(1),
-                Some(0),
-                Some(1), // deleted, and marked
-                Some(1), // deleted, nobody waited
-                Some(0), // not ours (a waiter's mark is not ours to announce)
-                Some(0), // another type: nothing deleted
-            ]
-        );
-        assert!(matches!(replies[3], Value::ServerError(_)));
-        assert_eq!(outcome.marks, vec![("taken".to_owned(), 5_000)]);
-        assert_eq!(outcome.announce, vec!["waited".to_owned()]);
-        assert!(outcome.released && !outcome.refused && outcome.again.is_empty());
-        let (_, commands) = follow_up(&outcome).expect("a follow-up");
-        assert_eq!(commands, 2, "one mark, one announcing script call");
-    }
-
-    #[test]
-    fn a_refused_plain_command_or_a_missing_script_runs_again_in_the_script() {
-        let runs = [
-            run(Op::Release, &["r"], "t1"),
-            run(Op::Acquire, &["x", "y"], "t2"),
-            run(Op::Extend, &["e"], "t3"),
-            run(Op::Release, &["s"], "t4"),
-        ];
-        let plan = Plan::new(&runs, ALL);
-        let values = vec![
-            server_error("NOPERM User app has no permissions to run the 'delifeq' command"),
-            Value::Int(0),
-            server_error("NOSCRIPT No matching script."),
-            server_error("ERR unknown command 'SET', with args beginning with:"),
-            Value::Int(1),
-            Value::Int(0),
-        ];
-        let outcome = plan.read(&runs, values);
-        assert!(outcome.refused);
-        assert_eq!(outcome.again, vec![0, 1, 2]);
-        assert_eq!(outcome.replies[3], Some(Value::Int(1)));
-        assert!(follow_up(&outcome).is_none());
-        // Another error of the script call is each of its requests' own.
-        let plan = Plan::new(&runs[1..2], ALL);
-        let outcome = plan.read(&runs[1..2], vec![server_error("BUSY Redis is busy")]);
-        assert!(matches!(outcome.replies[0], Some(Value::ServerError(_))));
-        assert!(outcome.again.is_empty() && !outcome.refused);
-    }
-
-    #[test]
-    fn the_server_has_delifeq_when_command_info_describes_it() {
-        let described = Value::Array(vec![Value::Array(vec![Value::BulkString(
-            b"delifeq".to_vec(),
-        )])]);
-        let valkey_9 = Natives::detected(&described);
-        assert!(valkey_9.delifeq && !valkey_9.released);
-        let unknown = Value::Array(vec![Value::Nil]);
-        assert_eq!(Natives::detected(&unknown), Natives::default());
-        let refused = server_error("NOPERM this user has no permissions to run the 'command'");
-        assert_eq!(Natives::detected(&refused), Natives::default());
-    }
-}
+mod tests;

@@ -1,0 +1,49 @@
+//! Unit tests of a batch: its caps, and how replies are read.
+
+use super::*;
+
+fn run(key: String) -> Job {
+    Job::Run {
+        req: Request {
+            op: Op::Acquire,
+            keys: vec![key].into(),
+            token: "token".into(),
+            ttl_ms: 1_000,
+            queue: None,
+            rw: None,
+        },
+        reply: None,
+        resend_until: None,
+    }
+}
+
+#[test]
+fn a_batch_stops_at_max_bytes_and_a_larger_request_goes_alone() {
+    let mut batch = Batch::default();
+    let big = || run("k".repeat(MAX_BYTES / 4));
+    for _ in 0..3 {
+        assert!(batch.try_push(big()).is_ok());
+    }
+    assert!(
+        batch.try_push(big()).is_err(),
+        "a fourth would pass MAX_BYTES"
+    );
+    assert!(batch.try_push(run("small".into())).is_ok());
+    assert!(!batch.full());
+    // The serving loop pushes the first request whatever its size: it goes alone.
+    let mut alone = Batch::default();
+    alone.push(run("k".repeat(MAX_BYTES + 1)));
+    assert!(alone.full());
+    assert!(alone.try_push(run("small".into())).is_err());
+}
+
+#[test]
+fn replies_are_integers_or_the_operations_own_error() {
+    assert_eq!(parse(Value::Int(2)).ok(), Some(2));
+    let err = parse(Value::BulkString(
+        b"E:WRONGTYPE Operation against a key holding the wrong kind of value".to_vec(),
+    ))
+    .expect_err("an error");
+    assert!(err.to_string().contains("error reply"), "{err}");
+    assert!(format!("{err:?}").contains("WRONGTYPE"), "{err:?}");
+}

@@ -1,0 +1,258 @@
+//! Unit tests of the plain-command plans (`Plan`, `Outcome`) and their follow-ups.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::node::QueueTicket;
+use crate::node::batch::test_jobs;
+
+fn run(op: Op, keys: &[&str], token: &str) -> Run {
+    Run::unanswered(Request {
+        keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+        ttl_ms: 5_000,
+        ..test_jobs::request(op, token)
+    })
+}
+
+/// The error reply `-text` as a pipeline holds it.
+fn server_error(text: &str) -> Value {
+    let value =
+        redis::parse_redis_value(format!("-{text}\r\n").as_bytes()).expect("an error reply");
+    assert!(matches!(value, Value::ServerError(_)), "{value:?}");
+    value
+}
+
+const ALL: Natives = Natives {
+    delete: Some(CompareAndDelete::Delifeq),
+    released: true,
+};
+
+fn pieces(runs: &[Run], natives: Natives) -> Vec<Piece> {
+    Plan::new(runs, natives).pieces
+}
+
+#[test]
+fn a_read_write_locks_operations_never_go_plain() {
+    for op in [Op::Acquire, Op::Extend, Op::Release] {
+        // Even on one key (a read-write lock has three): the script's kinds alone.
+        let mut rw = run(op, &["k"], "t");
+        rw.req.rw = Some(Arc::new(crate::node::RwOp {
+            mode: crate::node::RwMode::Write,
+            waiter: "w".into(),
+            wait_ms: 1_000,
+        }));
+        assert_eq!(pieces(&[rw], ALL), vec![Piece::Script(0..1)]);
+    }
+}
+
+#[test]
+fn only_single_key_locks_outside_fair_mode_go_plain_and_the_rest_is_grouped() {
+    let mut fair = run(Op::Acquire, &["f"], "t");
+    fair.req.queue = Some(Arc::new(QueueTicket {
+        waiter: "w".into(),
+        ticket: 1,
+        lease_ms: 1_000,
+    }));
+    let runs = [
+        run(Op::Acquire, &["a"], "t"),
+        run(Op::Acquire, &["b", "c"], "t"),
+        fair,
+        run(Op::Release, &["d"], "t"),
+        run(Op::Extend, &["e"], "t"),
+        run(Op::Leave, &["g"], "t"),
+    ];
+    assert_eq!(
+        pieces(&runs, ALL),
+        vec![
+            Piece::Plain(Plain::Acquire, 0),
+            Piece::Script(1..3),
+            Piece::Plain(Plain::Release(CompareAndDelete::Delifeq), 3),
+            Piece::Plain(Plain::Extend, 4),
+            Piece::Script(5..6),
+        ]
+    );
+    // Acquires wait for a release to have gone through.
+    let unproven = Natives {
+        released: false,
+        ..ALL
+    };
+    assert_eq!(pieces(&runs, unproven)[0], Piece::Script(0..3));
+    let none = Natives::default();
+    assert!(!none.any_plain(&runs));
+    assert_eq!(pieces(&runs, none), vec![Piece::Script(0..6)]);
+    // A release is two commands (DELIFEQ, EXISTS of the mark).
+    assert_eq!(Plan::new(&runs, ALL).commands, 6);
+}
+
+#[test]
+fn replies_read_as_the_scripts_and_contention_asks_for_marks_and_announcements() {
+    let runs = [
+        run(Op::Acquire, &["free"], "t1"),
+        run(Op::Acquire, &["ours"], "t2"),
+        run(Op::Acquire, &["taken"], "t3"),
+        run(Op::Acquire, &["hash"], "t4"),
+        run(Op::Extend, &["held"], "t5"),
+        run(Op::Extend, &["lost"], "t6"),
+        run(Op::Release, &["waited"], "t7"),
+        run(Op::Release, &["quiet"], "t8"),
+        run(Op::Release, &["gone"], "t9"),
+        run(Op::Release, &["wrongtype"], "t10"),
+    ];
+    let plan = Plan::new(&runs, ALL);
+    let values = vec![
+        Value::Nil,
+        Value::BulkString(b"t2".to_vec()),
+        Value::BulkString(b"someone".to_vec()),
+        server_error("WRONGTYPE Operation against a key holding the wrong kind of value"),
+        Value::Okay,
+        Value::Nil,
+        Value::Int(1),
+        Value::Int(1),
+        Value::Int(1),
+        Value::Int(0),
+        Value::Int(0),
+        Value::Int(1),
+        server_error("WRONGTYPE Operation against a key holding the wrong kind of value"),
+        Value::Int(0),
+    ];
+    assert_eq!(values.len(), plan.commands);
+    let outcome = plan.read(&runs, values);
+    let replies: Vec<Value> = outcome.replies.iter().flatten().cloned().collect();
+    assert_eq!(replies.len(), runs.len());
+    let ints: Vec<Option<i64>> = replies
+        .iter()
+        .map(|v| match v {
+            Value::Int(n) => Some(*n),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        ints,
+        vec![
+            Some(1), // free: granted
+            Some(1), // ours already (a repeat that landed): granted
+            Some(0), // taken: refused
+            None,    // a key of another type: the acquire's own error
+            Some(1),
+            Some(0),
+            Some(1), // deleted, and marked
+            Some(1), // deleted, nobody waited
+            Some(0), // not ours (a waiter's mark is not ours to announce)
+            Some(0), // another type: nothing deleted
+        ]
+    );
+    assert!(matches!(replies[3], Value::ServerError(_)));
+    assert_eq!(outcome.marks, vec![("taken".to_owned(), 5_000)]);
+    assert_eq!(outcome.announce, vec!["waited".to_owned()]);
+    assert!(outcome.released && !outcome.refused && outcome.again.is_empty());
+    let (_, commands) = follow_up(&outcome).expect("a follow-up");
+    assert_eq!(commands, 2, "one mark, one announcing script call");
+}
+
+#[test]
+fn a_refused_plain_command_or_a_missing_script_runs_again_in_the_script() {
+    let runs = [
+        run(Op::Release, &["r"], "t1"),
+        run(Op::Acquire, &["x", "y"], "t2"),
+        run(Op::Extend, &["e"], "t3"),
+        run(Op::Release, &["s"], "t4"),
+    ];
+    let plan = Plan::new(&runs, ALL);
+    let values = vec![
+        server_error("NOPERM User app has no permissions to run the 'delifeq' command"),
+        Value::Int(0),
+        server_error("NOSCRIPT No matching script."),
+        server_error("ERR unknown command 'SET', with args beginning with:"),
+        Value::Int(1),
+        Value::Int(0),
+    ];
+    let outcome = plan.read(&runs, values);
+    assert!(outcome.refused);
+    assert_eq!(outcome.again, vec![0, 1, 2]);
+    assert_eq!(outcome.replies[3], Some(Value::Int(1)));
+    assert!(follow_up(&outcome).is_none());
+    // Another error of the script call is each of its requests' own.
+    let plan = Plan::new(&runs[1..2], ALL);
+    let outcome = plan.read(&runs[1..2], vec![server_error("BUSY Redis is busy")]);
+    assert!(matches!(outcome.replies[0], Some(Value::ServerError(_))));
+    assert!(outcome.again.is_empty() && !outcome.refused);
+}
+
+/// `COMMAND INFO`'s entry for a command the server has (its name first).
+fn described(name: &str) -> Value {
+    Value::Array(vec![Value::BulkString(name.as_bytes().to_vec())])
+}
+
+#[test]
+fn the_server_has_compare_and_delete_when_command_info_describes_it() {
+    // `COMMAND INFO DELIFEQ DELEX`: Valkey 9 knows the first, Redis 8.4 the second.
+    let valkey_9 = Natives::detected(&Value::Array(vec![described("delifeq"), Value::Nil]));
+    assert_eq!(valkey_9.delete, Some(CompareAndDelete::Delifeq));
+    assert!(!valkey_9.released);
+    let redis_8_4 = Natives::detected(&Value::Array(vec![Value::Nil, described("delex")]));
+    assert_eq!(redis_8_4.delete, Some(CompareAndDelete::Delex));
+    let both = Value::Array(vec![described("delifeq"), described("delex")]);
+    assert_eq!(
+        Natives::detected(&both).delete,
+        Some(CompareAndDelete::Delifeq)
+    );
+    let unknown = Value::Array(vec![Value::Nil, Value::Nil]);
+    assert_eq!(Natives::detected(&unknown), Natives::default());
+    let refused = server_error("NOPERM this user has no permissions to run the 'command'");
+    assert_eq!(Natives::detected(&refused), Natives::default());
+}
+
+#[test]
+fn on_redis_8_4_a_release_is_delex_ifeq_and_the_rest_is_as_on_valkey_9() {
+    let natives = Natives {
+        delete: Some(CompareAndDelete::Delex),
+        released: true,
+    };
+    let runs = [
+        run(Op::Acquire, &["a"], "t1"),
+        run(Op::Extend, &["a"], "t1"),
+        run(Op::Release, &["a"], "t1"),
+    ];
+    let plan = Plan::new(&runs, natives);
+    let expected = redis::pipe()
+        .cmd("SET")
+        .arg("a")
+        .arg("t1")
+        .arg("NX")
+        .arg("GET")
+        .arg("PX")
+        .arg(5_000)
+        .cmd("SET")
+        .arg("a")
+        .arg("t1")
+        .arg("IFEQ")
+        .arg("t1")
+        .arg("PX")
+        .arg(5_000)
+        .cmd("DELEX")
+        .arg("a")
+        .arg("IFEQ")
+        .arg("t1")
+        .cmd("EXISTS")
+        .arg(format!("a{WAITING}"))
+        .get_packed_pipeline();
+    assert_eq!(
+        String::from_utf8_lossy(&plan.pipeline.get_packed_pipeline()),
+        String::from_utf8_lossy(&expected)
+    );
+    assert_eq!(plan.commands, 4);
+    // DELEX answers as DELIFEQ does: 1 deleted, 0 not ours.
+    let outcome = plan.read(
+        &runs,
+        vec![Value::Nil, Value::Okay, Value::Int(1), Value::Int(0)],
+    );
+    assert_eq!(
+        outcome.replies,
+        vec![
+            Some(Value::Int(1)),
+            Some(Value::Int(1)),
+            Some(Value::Int(1))
+        ]
+    );
+    assert!(outcome.released && outcome.announce.is_empty());
+}
