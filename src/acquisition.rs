@@ -9,10 +9,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::clock;
 use crate::error::{Error, FencingError};
 use crate::guard::DropGuard;
-use crate::hand_off::Watch;
+use crate::hand_off::{Turn, Watch};
 use crate::inner::{Held, Shared, Target};
 use crate::metrics::Tries;
-use crate::node::{Op, QueueTicket, Request};
+use crate::node::{Op, QueueTicket, Request, RwMode, RwOp};
 use crate::quorum::{self, Failed};
 use crate::trace;
 
@@ -45,42 +45,8 @@ pub(crate) async fn acquire(
     let mut attempts: u32 = 0;
     let place = Place::take(shared, target);
     let in_line = clock::now();
-    let mut waited_in_line = false;
-    let turn = {
-        let line = shared.hand_off.turn(&target.keys);
-        tokio::pin!(line);
-        // Nobody ahead (the usual case): no retry is used up.
-        let first = (&mut line).now_or_never();
-        if first.is_some() {
-            first
-        } else {
-            waited_in_line = true;
-            loop {
-                let delay = delays.next();
-                let wait = async {
-                    match delay {
-                        Some(delay) => sleep_before(delay, deadline).await,
-                        None => Wake::Budget,
-                    }
-                };
-                tokio::select! {
-                    biased;
-                    turn = &mut line => break Some(turn),
-                    wake = wait => match wake {
-                        Wake::Slept => continue,
-                        Wake::Budget => break None,
-                        Wake::Deadline => {
-                            return Err(Error::AcquireTimeout {
-                                waited: clock::since(started),
-                                attempts,
-                                last: None,
-                            });
-                        }
-                    },
-                }
-            }
-        }
-    };
+    let (turn, waited_in_line) =
+        line_up(shared, &target.keys, &mut delays, deadline, started).await?;
     if waited_in_line {
         tries.backoff = clock::since(in_line);
     }
@@ -126,12 +92,7 @@ pub(crate) async fn acquire(
         let (Some(turn), Some(delay)) = (&turn, delays.next()) else {
             return Err(failed.into_error(&target.resources, attempts));
         };
-        // A delay too long for an Instant certainly ends past the deadline.
-        if let Some(deadline) = deadline
-            && clock::now()
-                .checked_add(delay)
-                .is_none_or(|wake| wake >= deadline)
-        {
+        if ends_past(delay, deadline) {
             return Err(Error::AcquireTimeout {
                 waited: clock::since(started),
                 attempts,
@@ -150,6 +111,50 @@ pub(crate) async fn acquire(
     }
 }
 
+/// Waits for the head of the line of `keys` in this process (FIFO; see
+/// [`HandOff::turn`](crate::hand_off::HandOff::turn)), and says whether it had to wait at
+/// all. Each retry delay spent in line uses up one of `delays` (nobody ahead, the usual case,
+/// uses up none); `None` when they ran out in line (one last attempt is then made out of
+/// turn). Fails with [`Error::AcquireTimeout`] (no attempt made, waited since `started`) when
+/// the next delay would end past the deadline.
+pub(crate) async fn line_up(
+    shared: &Shared,
+    keys: &[String],
+    delays: &mut impl Iterator<Item = Duration>,
+    deadline: Option<Instant>,
+    started: Instant,
+) -> Result<(Option<Turn>, bool), Error> {
+    let line = shared.hand_off.turn(keys);
+    tokio::pin!(line);
+    if let Some(turn) = (&mut line).now_or_never() {
+        return Ok((Some(turn), false));
+    }
+    loop {
+        let delay = delays.next();
+        let wait = async {
+            match delay {
+                Some(delay) => sleep_before(delay, deadline).await,
+                None => Wake::Budget,
+            }
+        };
+        tokio::select! {
+            biased;
+            turn = &mut line => return Ok((Some(turn), true)),
+            wake = wait => match wake {
+                Wake::Slept => continue,
+                Wake::Budget => return Ok((None, true)),
+                Wake::Deadline => {
+                    return Err(Error::AcquireTimeout {
+                        waited: clock::since(started),
+                        attempts: 0,
+                        last: None,
+                    });
+                }
+            },
+        }
+    }
+}
+
 /// How a wait in line ended.
 #[derive(Debug, PartialEq, Eq)]
 enum Wake {
@@ -161,13 +166,19 @@ enum Wake {
     Deadline,
 }
 
-/// Sleeps `delay`, unless it would end past the deadline.
-async fn sleep_before(delay: Duration, deadline: Option<Instant>) -> Wake {
-    if let Some(deadline) = deadline
-        && clock::now()
+/// Whether a wait of `delay` from now would end past the deadline (a delay too long for an
+/// `Instant` certainly does).
+pub(crate) fn ends_past(delay: Duration, deadline: Option<Instant>) -> bool {
+    deadline.is_some_and(|deadline| {
+        clock::now()
             .checked_add(delay)
             .is_none_or(|wake| wake >= deadline)
-    {
+    })
+}
+
+/// Sleeps `delay`, unless it would end past the deadline.
+async fn sleep_before(delay: Duration, deadline: Option<Instant>) -> Wake {
+    if ends_past(delay, deadline) {
         return Wake::Deadline;
     }
     tokio::time::sleep(delay).await;
@@ -263,6 +274,7 @@ impl Drop for Place {
             token: Arc::clone(&ticket.waiter),
             ttl_ms: 0,
             queue: Some(ticket),
+            rw: None,
         };
         for node in &self.shared.nodes {
             // Queued now, after this acquisition's last call; the node bounds it, and a leave
@@ -282,13 +294,42 @@ async fn attempt(
     target: &Target,
     ticket: Option<&Arc<QueueTicket>>,
 ) -> Result<Acquired, Failed> {
+    attempt_as(shared, target, ticket, None).await
+}
+
+/// One attempt on a read-write lock's side (`target`: its writer, readers and waiting keys,
+/// the writer's first), as [`attempt`] for a mutex: the same round, validity, release of a
+/// failed attempt and cancel safety. A writer is fenced on the writer key's name alone; a
+/// reader gets no fencing token (it does not write). No hand-off in this process: waiters
+/// poll.
+pub(crate) async fn attempt_rw(
+    shared: &Arc<Shared>,
+    target: &Target,
+    rw: Arc<RwOp>,
+) -> Result<Acquired, Failed> {
+    attempt_as(shared, target, None, Some(rw)).await
+}
+
+async fn attempt_as(
+    shared: &Arc<Shared>,
+    target: &Target,
+    ticket: Option<&Arc<QueueTicket>>,
+    rw: Option<Arc<RwOp>>,
+) -> Result<Acquired, Failed> {
     let config = &shared.config;
+    let fence_on: Option<&[String]> = match rw.as_deref().map(|rw| rw.mode) {
+        None => Some(&target.resources),
+        Some(RwMode::Write) => Some(&target.resources[..1]),
+        Some(RwMode::Read) => None,
+    };
+    let mutex = rw.is_none();
     let held = Held {
         shared: Arc::clone(shared),
         target: target.clone(),
         token: new_token(),
         hold: None,
         queue: None,
+        rw,
     };
     let mut req = held.request(Op::Acquire, target.ttl);
     req.queue = ticket.cloned();
@@ -313,7 +354,11 @@ async fn attempt(
         }
     };
     let expires_at = start + valid_for;
-    let fence = match fence(shared, &target.resources, expires_at).await {
+    let fenced = match fence_on {
+        Some(resources) => fence(shared, resources, expires_at).await,
+        None => Ok(None),
+    };
+    let fence = match fenced {
         Ok(fence) => fence,
         Err(error) => {
             let release = guard.request(Op::Release, target.ttl);
@@ -322,7 +367,14 @@ async fn attempt(
             return Err(Failed::Other(error.into()));
         }
     };
-    guard.hold = Some(Arc::new(shared.hand_off.hold(&target.keys)));
+    // A read-write lock marks its writer key alone (the key its waiters watch): its release
+    // wakes this process's waiters at once.
+    let held_keys = if mutex {
+        &target.keys[..]
+    } else {
+        &target.keys[..1]
+    };
+    guard.hold = Some(Arc::new(shared.hand_off.hold(held_keys)));
     guard.queue = ticket.cloned();
     guard.disarm();
     Ok(Acquired {
@@ -358,7 +410,7 @@ async fn fence(
 }
 
 /// A fresh owner token: 128 random bits from the OS-seeded CSPRNG, as 32 hex digits.
-fn new_token() -> Arc<str> {
+pub(crate) fn new_token() -> Arc<str> {
     let bits: u128 = rand::random();
     Arc::from(format!("{bits:032x}"))
 }

@@ -3,6 +3,7 @@
 //! as the nodes know it ([`Held`]).
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -10,10 +11,10 @@ use std::time::Duration;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
-use crate::error::{Error, InvalidInput};
+use crate::error::{Error, InvalidInput, NodeError, NodeFailure};
 use crate::events::Event;
 use crate::hand_off::{HandOff, Hold};
-use crate::node::{Node, Op, QueueTicket, Request, Voter, VoterKind};
+use crate::node::{Node, Op, QueueTicket, Request, RwOp, Voter, VoterKind};
 use crate::quorum::{self, Round, Until};
 
 /// The longest TTL redfence sends to Redis: about 146 million years, far inside what Redis
@@ -71,9 +72,38 @@ pub(crate) struct Held {
     /// Fair mode: the place this lock's acquisition took in the keys' queues, left on every
     /// node by its release (the nodes that did not grant still hold it).
     pub(crate) queue: Option<Arc<QueueTicket>>,
+    /// A read-write lock's side (reader or writer), sent with each of its requests; `None`
+    /// for a mutex.
+    pub(crate) rw: Option<Arc<RwOp>>,
 }
 
 impl Shared {
+    /// Asks every node in parallel (`ask` makes the call for one node), each bounded by the
+    /// node timeout: the replies in node order, failures named with the node. For the
+    /// advisory calls outside a lock's rounds (reads of a majority, claims).
+    pub(crate) async fn ask_every_node<T, F, Fut>(&self, ask: F) -> Vec<Result<T, NodeError>>
+    where
+        F: Fn(Arc<dyn Node>) -> Fut,
+        Fut: Future<Output = Result<T, NodeFailure>>,
+    {
+        let timeout = self.config.node_timeout;
+        let calls = self.nodes.iter().enumerate().map(|(index, node)| {
+            let call = ask(Arc::clone(node));
+            async move {
+                let reply = match tokio::time::timeout(timeout, call).await {
+                    Ok(reply) => reply,
+                    Err(_) => Err(NodeFailure::Timeout(timeout)),
+                };
+                reply.map_err(|failure| NodeError {
+                    index,
+                    addr: node.addr().to_owned(),
+                    failure,
+                })
+            }
+        });
+        futures::future::join_all(calls).await
+    }
+
     pub(crate) fn new(config: Config, voters: Vec<Voter>, tasks: TaskTracker) -> Self {
         let mut nodes = Vec::with_capacity(voters.len());
         let mut kinds = Vec::with_capacity(voters.len());
@@ -241,6 +271,7 @@ impl Held {
             token: Arc::clone(&self.token),
             ttl_ms: millis(server_ttl),
             queue: self.queue.clone(),
+            rw: self.rw.clone(),
         }
     }
 

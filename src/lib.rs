@@ -87,6 +87,7 @@ mod quorum;
 mod redlock;
 mod resource_type;
 mod retry;
+mod rwlock;
 mod semaphore;
 mod trace;
 mod using;
@@ -110,6 +111,7 @@ pub use node_addr::NodeAddr;
 pub use redlock::Redlock;
 pub use resource_type::ResourceType;
 pub use retry::Backoff;
+pub use rwlock::{ReadGuard, RwHolder, RwInspection, RwLock, RwNodeState, WriteGuard};
 pub use semaphore::{MAX_PERMITS, Permit, Semaphore};
 pub use using::Signal;
 
@@ -120,3 +122,7 @@ pub use redis;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/production.md")]
+struct ProductionDoctests;

@@ -92,7 +92,7 @@ impl NodeAddr {
     /// [`InvalidInput::KeysAcrossSlots`](crate::InvalidInput::KeysAcrossSlots); give them a
     /// common `{hash tag}`. **Safety caveat**: replication inside the cluster is asynchronous,
     /// so a failover can lose a grant the old master acknowledged (the same weakness as a
-    /// restart without persistence): see the README's "Connecting to production Redis".
+    /// restart without persistence): see docs/production.md.
     ///
     /// ```no_run
     /// use redfence::{NodeAddr, Redlock};
@@ -126,7 +126,7 @@ impl NodeAddr {
     ///
     /// **Safety caveat**: replication is asynchronous, so a failover can promote a replica
     /// that never received a grant: the voter forgets the lock, like a restart without
-    /// persistence. See the README's "Connecting to production Redis".
+    /// persistence. See docs/production.md.
     ///
     /// ```no_run
     /// use redfence::{NodeAddr, Redlock};

@@ -1,5 +1,5 @@
 //! `Redlock`: the lock manager over N independent Redis masters, and its public entry points
-//! (but `Redlock::builder`, declared in builder.rs, and `Redlock::election`, declared in
+//! (but `Redlock::builder`, declared in builder/mod.rs, and `Redlock::election`, declared in
 //! election/builder.rs, beside the builders they return).
 
 use std::fmt;
@@ -12,7 +12,7 @@ use tracing::Instrument;
 use crate::acquisition;
 use crate::clock;
 use crate::error::Error;
-use crate::inner::{Shared, validate_ttl};
+use crate::inner::Shared;
 use crate::inspect::{self, Inspection, NodeCheck};
 use crate::lock::Lock;
 use crate::metrics::{Tries, TypeLabel};
@@ -302,8 +302,7 @@ impl Redlock {
         let started = clock::now();
         let scope = async {
             let config = &self.shared.config;
-            let policy = validate_ttl(ttl, config.drift_factor)
-                .and_then(|ttl| using::Policy::new(config, ttl));
+            let policy = using::Policy::checked(config, ttl);
             let lock = match policy {
                 Ok(policy) => self
                     .acquire_traced(resources, ttl, true)

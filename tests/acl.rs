@@ -20,6 +20,10 @@ const LOCKER_RULES: &str = "on >locker-secret resetkeys ~locks:* resetchannels \
 /// The README's additions for fair mode.
 const FAIR_RULES: &str = "+zadd +zrem +zrange +zrangebyscore +zremrangebyscore +pttl +time +type";
 
+/// docs/production.md's additions for read-write locks (and inspecting them).
+const RWLOCK_RULES: &str =
+    "+zadd +zrem +zscore +zcard +zremrangebyscore +pttl +time +zrangebyscore";
+
 /// The minimal rules of earlier versions, without release notifications.
 const OLD_LOCKER_RULES: &str = "on >locker-secret resetkeys ~locks:* resetchannels -@all \
                                 +evalsha +script|load +get +set +pexpire +del";
@@ -335,4 +339,43 @@ async fn a_key_pattern_without_the_waiting_marks_still_locks_and_releases() {
     assert!(support::eventually(|| (0..3).all(|i| servers.keys(i).is_empty())).await);
     let lock = redlock.acquire(&["job"], TTL).await.expect("free again");
     lock.release().await.expect("release");
+}
+
+/// A read-write lock and a semaphore work for a user with the documented rules and nothing
+/// more: readers share, a writer waits for them, a permit is granted and inspected.
+#[tokio::test]
+async fn rwlocks_and_semaphores_work_with_the_documented_rules() {
+    let servers = Servers::start(3);
+    for i in 0..3 {
+        set_user(
+            &servers,
+            i,
+            "locker",
+            // `+type`: what inspect() adds (for the semaphore's slots).
+            &format!("{LOCKER_RULES} {RWLOCK_RULES} +type"),
+        );
+    }
+    let redlock = builder(urls_as(&servers, "locker", "locker-secret"))
+        .key_prefix("locks:")
+        .build()
+        .expect("config");
+    let config = redlock.rwlock("config").expect("rwlock");
+    let a = config.acquire_read(TTL).await.expect("first reader");
+    let b = config.acquire_read(TTL).await.expect("second reader");
+    let report = config.inspect().await.expect("inspect");
+    assert_eq!(report.readers().len(), 2, "{report:?}");
+    assert!(matches!(
+        config.try_acquire_write(TTL).await,
+        Err(Error::Contended { .. })
+    ));
+    a.release().await.expect("release");
+    b.release().await.expect("release");
+    let w = config.acquire_write(TTL).await.expect("writer");
+    w.release().await.expect("release");
+
+    let jobs = redlock.semaphore("jobs", 2).expect("semaphore");
+    let permit = jobs.acquire(TTL).await.expect("permit");
+    let slots = jobs.inspect().await.expect("inspect");
+    assert_eq!(slots.views().iter().filter(|v| !v.is_free()).count(), 1);
+    permit.release().await.expect("release");
 }

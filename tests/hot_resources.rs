@@ -14,7 +14,6 @@ use redfence::{Backoff, Redlock};
 use support::{Servers, TestRedlock, eventually};
 
 const TTL: Duration = Duration::from_secs(10);
-const CHANNEL: &str = "redfence:released:";
 
 /// A `Redlock` that polls rarely: a waiter woken much sooner than `delay` was woken by a
 /// release, not by its schedule.
@@ -29,11 +28,7 @@ fn slow_polling(servers: &Servers, delay: Duration, retries: u32) -> Redlock {
 /// Subscribers to `key`'s release channel on every node.
 fn subscribers(servers: &Servers, key: &str) -> Vec<i64> {
     (0..servers.len())
-        .map(|n| {
-            let reply: (String, i64) =
-                servers.cmd(n, &["PUBSUB", "NUMSUB", &format!("{CHANNEL}{key}")]);
-            reply.1
-        })
+        .map(|n| servers.release_subscribers(n, key))
         .collect()
 }
 

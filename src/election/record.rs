@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::error::{Error, NodeError, NodeFailure};
+use crate::error::Error;
 use crate::inner::{Shared, millis};
 use crate::node::{GuardedWrite, KeyRow};
 use crate::quorum;
@@ -87,23 +87,12 @@ pub(super) async fn read(
     record_key: &str,
 ) -> Result<Option<Leader>, Error> {
     let keys: Arc<[String]> = Arc::from(vec![lock_key.to_owned(), record_key.to_owned()]);
-    let timeout = shared.config.node_timeout;
-    let calls = shared.nodes.iter().enumerate().map(|(index, node)| {
-        let keys = Arc::clone(&keys);
-        async move {
-            let call = crate::node::inspect(&**node, keys, false);
-            let reply = match tokio::time::timeout(timeout, call).await {
-                Ok(reply) => reply,
-                Err(_) => Err(NodeFailure::Timeout(timeout)),
-            };
-            reply.map_err(|failure| NodeError {
-                index,
-                addr: node.addr().to_owned(),
-                failure,
-            })
-        }
-    });
-    let replies = futures::future::join_all(calls).await;
+    let replies = shared
+        .ask_every_node(|node| {
+            let keys = Arc::clone(&keys);
+            async move { crate::node::inspect(&*node, keys, false).await }
+        })
+        .await;
     let nodes = shared.nodes.len();
     let quorum = quorum::quorum(nodes);
     let mut votes: HashMap<(Leader, String), usize> = HashMap::new();

@@ -43,8 +43,8 @@ pub enum NodeFailure {
     #[error("error reply")]
     Reply(#[source] redis::RedisError),
     /// The node's ACL refused a command or key (`NOPERM`): the user lacks a permission
-    /// redfence needs. The server's message names it (e.g. `'evalsha' command`); the README's
-    /// "Connecting to production Redis" gives the ACL line that grants what redfence needs.
+    /// redfence needs. The server's message names it (e.g. `'evalsha' command`); the repository's
+    /// docs/production.md gives the ACL line that grants what redfence needs.
     #[error("permission denied by the node's ACL")]
     Permission(#[source] redis::RedisError),
     /// The node restarted recently (its uptime is below

@@ -143,19 +143,31 @@ impl HandOff {
 
     /// Watches the keys for releases, subscribing on every node that can.
     pub(crate) fn watch(&self, turn: &Turn, waiter: Option<Arc<str>>) -> Watch {
+        let keys = Users {
+            state: Arc::clone(&self.state),
+            keys: turn.keys.keys.clone(),
+        };
+        self.watch_users(keys, waiter)
+    }
+
+    /// Watches keys of which any one's release may let the caller in (a semaphore's slots),
+    /// without a turn in their lines. The releases of different keys add up towards the
+    /// majority, so a wake is a hint to try again, as every wake is.
+    pub(crate) fn watch_any(&self, keys: &[String]) -> Watch {
+        self.watch_users(self.users(keys), None)
+    }
+
+    fn watch_users(&self, keys: Users, waiter: Option<Arc<str>>) -> Watch {
         let watcher = Arc::new(Watcher::new(waiter));
-        for state in &turn.keys.keys {
+        for state in &keys.keys {
             let mut watchers = lock(&state.watchers);
             watchers.retain(|w| w.strong_count() > 0);
             watchers.push(Arc::downgrade(&watcher));
         }
-        self.subscribe(&turn.keys.keys);
+        self.subscribe(&keys.keys);
         Watch {
             watcher,
-            _keys: Users {
-                state: Arc::clone(&self.state),
-                keys: turn.keys.keys.clone(),
-            },
+            _keys: keys,
         }
     }
 
@@ -341,6 +353,20 @@ impl Drop for Hold {
 }
 
 impl Watch {
+    /// Sleeps `delay`, or less: until `watch` (if any) sees a release.
+    pub(crate) async fn sleep_or_release(watch: Option<&Watch>, delay: Duration) {
+        let released = async {
+            match watch {
+                Some(watch) => watch.released().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = released => {}
+        }
+    }
+
     /// Forgets the releases seen so far: call before each attempt.
     pub(crate) fn reset(&self) {
         *lock(&self.watcher.seen) = 0;

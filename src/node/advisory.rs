@@ -10,7 +10,7 @@ use futures::future::BoxFuture;
 use redis::aio::ConnectionLike;
 use redis::{RedisError, Script};
 
-use super::{Claim, GuardedWrite, KeyRow};
+use super::{Claim, GuardedWrite, KeyRow, RwRow};
 use crate::error::NodeFailure;
 
 static INSPECT: LazyLock<Script> =
@@ -19,6 +19,8 @@ static FORCE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/force_release.lua")));
 static WRITE_IF_HELD: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/write_if_held.lua")));
+static RW_INSPECT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../scripts/rwlock_inspect.lua")));
 static CLAIM: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/claim.lua")));
 
@@ -107,6 +109,26 @@ pub(crate) async fn claim<C: ConnectionLike + Send>(
         .arg(&*claim.value)
         .arg(claim.ttl_ms);
     invocation.invoke_async(conn).await
+}
+
+/// Reads a read-write lock's keys, as [`rw_inspect`](super::rw_inspect).
+pub(crate) async fn rw_inspect<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &[String],
+) -> Result<RwRow, redis::RedisError> {
+    let mut invocation = RW_INSPECT.prepare_invoke();
+    invocation.key(keys);
+    invocation.invoke_async(conn).await
+}
+
+/// [`rw_inspect`] over a [`Connector`].
+#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
+pub(crate) fn rw_inspect_on<C: Connector>(
+    connector: &Arc<C>,
+    keys: Arc<[String]>,
+) -> BoxFuture<'static, Result<RwRow, NodeFailure>> {
+    let connector = Arc::clone(connector);
+    Box::pin(async move { on(&*connector, async |conn| rw_inspect(conn, &keys).await).await })
 }
 
 /// [`claim`] over a [`Connector`].

@@ -305,6 +305,9 @@ impl Node for ClusterNode {
             }
             // Many servers: no one run_id.
             Advisory::RunId => Box::pin(async { Ok(Advice::RunId(None)) }),
+            Advisory::RwInspect { keys } => {
+                advice(advisory::rw_inspect_on(&self.shared, keys), Advice::RwKeys)
+            }
         }
     }
 

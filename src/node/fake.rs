@@ -338,6 +338,10 @@ impl Node for FakeNode {
             Advisory::EvictionPolicy => advice(self.eviction_policy(), Advice::EvictionPolicy),
             Advisory::RunId => Box::pin(async { Ok(Advice::RunId(None)) }),
             Advisory::Claim(claim) => advice(self.claim(&claim), Advice::Claimed),
+            // Fakes hold no read-write lock.
+            Advisory::RwInspect { .. } => {
+                Box::pin(async { Ok(Advice::RwKeys((None, -2, Vec::new(), None, -2))) })
+            }
         }
     }
 

@@ -16,6 +16,7 @@ mod natives;
 mod pipeline;
 mod redis;
 mod resend;
+mod rw_call;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 mod server_link;
@@ -84,6 +85,31 @@ pub(crate) struct Request {
     pub(crate) ttl_ms: u64,
     /// Fair mode: the waiter's place in line (`Acquire`, `Leave`).
     pub(crate) queue: Option<Arc<QueueTicket>>,
+    /// A read-write lock's operation (its keys are the lock's three: writer, readers,
+    /// writer-waiting): the batch script's read-write kinds, never a plain command.
+    pub(crate) rw: Option<Arc<RwOp>>,
+}
+
+/// Which side of a read-write lock a request is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum RwMode {
+    /// A reader: a member of the readers' sorted set.
+    Read,
+    /// The writer: the writer key.
+    Write,
+}
+
+/// What a read-write lock's request carries beside the lock's own: the mode, and for a
+/// writer the waiting mark it leaves when refused.
+#[derive(Clone, Debug)]
+pub(crate) struct RwOp {
+    pub(crate) mode: RwMode,
+    /// The waiting writer's id, the same for all the attempts of one acquisition (their
+    /// tokens differ); empty for a reader.
+    pub(crate) waiter: Arc<str>,
+    /// How long a refused writer marks the lock as waited for, in ms (0: no mark, a
+    /// `try_acquire_write`); for a leave, unused.
+    pub(crate) wait_ms: u64,
 }
 
 /// A write that a node makes only while a lock key still holds our token.
@@ -240,6 +266,8 @@ pub(crate) enum Advisory {
     RunId,
     /// See [`claim`].
     Claim(Claim),
+    /// See [`rw_inspect`].
+    RwInspect { keys: Arc<[String]> },
 }
 
 /// The answer to an [`Advisory`], of the same kind.
@@ -250,6 +278,7 @@ pub(crate) enum Advice {
     EvictionPolicy(String),
     RunId(Option<String>),
     Claimed(String),
+    RwKeys(RwRow),
 }
 
 /// `call`, an advisory call's own future, as [`Node::advise`] answers it.
@@ -338,6 +367,21 @@ pub(crate) async fn claim(node: &dyn Node, claim: Claim) -> Result<String, NodeF
     })
     .await
 }
+
+/// Reads a read-write lock's keys (writer, readers, waiting mark) in one atomic script
+/// (`scripts/rwlock_inspect.lua`), writing nothing.
+pub(crate) async fn rw_inspect(node: &dyn Node, keys: Arc<[String]>) -> Result<RwRow, NodeFailure> {
+    advised(node, Advisory::RwInspect { keys }, |advice| match advice {
+        Advice::RwKeys(row) => Ok(row),
+        other => Err(other),
+    })
+    .await
+}
+
+/// A read-write lock as a node holds it: the writer's token (if any) and its `PTTL`, the
+/// live readers' tokens with the milliseconds each has left, the waiting writer's id (if any)
+/// and its `PTTL`.
+pub(crate) type RwRow = (Option<String>, i64, Vec<(String, i64)>, Option<String>, i64);
 
 /// One key as a node holds it: its `TYPE` (`none` when absent), its value when it is a
 /// string, and its `PTTL` in milliseconds (-2: no key, -1: no expiry).

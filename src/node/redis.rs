@@ -204,6 +204,9 @@ impl Node for RedisNode {
                     Advice::EvictionPolicy(advisory::eviction_policy(&mut conn).await?)
                 }
                 Advisory::RunId => Advice::RunId(advisory::run_id(&mut conn).await?),
+                Advisory::RwInspect { keys } => {
+                    Advice::RwKeys(advisory::rw_inspect(&mut conn, &keys).await?)
+                }
                 Advisory::Claim(claim) => {
                     Advice::Claimed(advisory::claim(&mut conn, &claim).await?)
                 }

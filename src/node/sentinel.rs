@@ -300,6 +300,9 @@ impl Node for SentinelNode {
                 Advice::EvictionPolicy,
             ),
             Advisory::RunId => advice(advisory::run_id_on(&self.shared), Advice::RunId),
+            Advisory::RwInspect { keys } => {
+                advice(advisory::rw_inspect_on(&self.shared, keys), Advice::RwKeys)
+            }
         }
     }
 

@@ -112,6 +112,7 @@ impl ServerLink {
             if repair {
                 for (index, run) in runs.iter().enumerate() {
                     if run.req.op == Op::Extend
+                        && run.req.rw.is_none()
                         && matches!(outcome.replies[index], Some(Value::Int(0)))
                         && !outcome.again.contains(&index)
                     {

@@ -24,6 +24,17 @@
 -- Keys only: when ARGV[1] is "-" (a Cluster voter's batch), nothing but the lock keys is
 -- touched: no waiting marks and no notification. A cluster refuses a helper key in another
 -- hash slot, and a Cluster voter's waiters poll (fair mode is refused there).
+-- Read-write locks (kinds of two letters: side "r"/"w", then "a" acquire, "e" extend,
+-- "r" release, "l" leave): the operation's three keys are the lock's writer key (a string,
+-- the writer's token, PX), its readers (a sorted set: token by the server time, in ms, its
+-- lease ends; expired members pruned by every operation) and its writer-waiting mark (a
+-- string, the waiting writer's id, PX); two more arguments follow the four: the writer's
+-- waiter id and how long a refused writer marks the lock (ms, 0 for none). A read is granted
+-- when there is no writer and no waiting mark, a write when there is no writer and no live
+-- reader; a refused write sets the mark, so new readers queue behind it. A writer's release,
+-- and the last reader's while a writer waits, publish on the writer key's release channel
+-- (waiters retry at once; a Cluster voter's keys-only batch does not). Made only inside
+-- lib(): the one-key mutex path above never sees them. No repair after a restart ("E").
 -- Returns one reply per operation: acquire/extend the number of keys (0 = refused),
 -- release the number of keys deleted, leave and announce 0, or "E:" and the error of that operation alone
 -- (e.g. WRONGTYPE when a key holds a hash).
@@ -217,11 +228,97 @@ local function lib()
     return 1
   end
 
+  -- A read-write lock's operation (see the top) on the keys from KEYS[first]: writer,
+  -- readers, waiting mark. Raises the server's error for a key of another type, read before
+  -- anything is written.
+  local function rw_op(kind, first, token, ttl, waiter, wait)
+    local writer, readers, waiting = KEYS[first], KEYS[first + 1], KEYS[first + 2]
+    local side, what = string.sub(kind, 1, 1), string.sub(kind, 2, 2)
+    ttl = tonumber(ttl)
+    now = now or now_ms()
+    redis.call("ZREMRANGEBYSCORE", readers, "-inf", now)
+    local holder = redis.call("GET", writer)
+    if side == "r" then
+      if what == "r" then
+        local left = redis.call("ZREM", readers, token)
+        -- The last reader gone while a writer waits: tell the waiters (see the top).
+        if left == 1 and not keys_only and redis.call("ZCARD", readers) == 0
+            and redis.call("EXISTS", waiting) == 1 then
+          redis.pcall("PUBLISH", "redfence:released:" .. writer, "")
+        end
+        return left
+      end
+      local ours = redis.call("ZSCORE", readers, token)
+      if what == "a" and not ours then
+        -- A repeat of a grant that landed is granted again (ours); a new reader queues
+        -- behind a writer and behind a waiting one.
+        if holder or redis.call("GET", waiting) then
+          return 0
+        end
+      elseif what == "e" and not ours then
+        return 0
+      end
+      redis.call("ZADD", readers, now + ttl, token)
+      if redis.call("PTTL", readers) < ttl then
+        redis.call("PEXPIRE", readers, ttl)
+      end
+      return 1
+    end
+    local mark = redis.call("GET", waiting)
+    if what == "a" then
+      if holder == token then
+        redis.call("SET", writer, token, "PX", ttl)
+        return 1
+      end
+      if holder or redis.call("ZCARD", readers) > 0 then
+        if tonumber(wait) > 0 then
+          redis.call("SET", waiting, waiter, "PX", wait)
+        end
+        return 0
+      end
+      redis.call("SET", writer, token, "PX", ttl)
+      if mark == waiter then
+        redis.call("DEL", waiting)
+      end
+      return 1
+    elseif what == "l" then
+      if mark == waiter then
+        redis.call("DEL", waiting)
+      end
+      return 0
+    elseif holder ~= token then
+      return 0
+    elseif what == "e" then
+      redis.call("PEXPIRE", writer, ttl)
+      return 1
+    end
+    redis.call("DEL", writer)
+    if not keys_only then
+      redis.pcall("PUBLISH", "redfence:released:" .. writer, "")
+    end
+    return 1
+  end
+
+  -- rw_op, with an error of this operation alone as its "E:" reply.
+  local function rw(kind, first, token, ttl, waiter, wait)
+    local ok, reply = pcall(rw_op, kind, first, token, ttl, waiter, wait)
+    if ok then
+      return reply
+    end
+    if type(reply) == "table" then
+      reply = reply.err
+    end
+    return "E:" .. tostring(reply)
+  end
+
   -- The operation at ARGV[i], whose keys start at KEYS[k]: its reply, and where the next
   -- operation's arguments and keys start.
   local function operation(i, k)
     local kind, token, ttl, count = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
     local waiter, ticket, lease = nil, nil, nil
+    if #kind == 2 then
+      return rw(kind, k, token, ttl, ARGV[i + 4], ARGV[i + 5]), i + 6, k + count
+    end
     if kind == "f" or kind == "l" or kind == "R" then
       waiter, ticket, lease = ARGV[i + 4], ARGV[i + 5], tonumber(ARGV[i + 6])
       i = i + 7
@@ -271,7 +368,7 @@ local function lib()
       end
       reply = 0
     elseif kind == "n" then
-      -- After a plain compare-and-delete found the key's waiting mark (node/natives.rs): the
+      -- After a plain compare-and-delete found the key's waiting mark (node/natives/): the
       -- rest of a release, if the mark is still there.
       for j = first, last do
         if redis.pcall("DEL", KEYS[j] .. WAITING) == 1 then
@@ -305,7 +402,7 @@ local function lib()
     return reply, i, k + count
   end
 
-  library = { operation = operation, acquire = acquire, announce = announce,
+  library = { rw = rw, operation = operation, acquire = acquire, announce = announce,
     has_queue = has_queue, mark = mark }
   return library
 end

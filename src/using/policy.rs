@@ -29,6 +29,13 @@ pub(crate) struct Policy {
 }
 
 impl Policy {
+    /// The policy for a `using()` lock of `ttl`, the TTL checked first as any lock's
+    /// ([`validate_ttl`](crate::inner::validate_ttl)): what every `using()` starts with.
+    pub(crate) fn checked(config: &Config, ttl: Duration) -> Result<Policy, InvalidInput> {
+        crate::inner::validate_ttl(ttl, config.drift_factor)
+            .and_then(|ttl| Policy::new(config, ttl))
+    }
+
     /// The policy for a `using()` lock of `ttl` (already validated by `Redlock::target`).
     pub(crate) fn new(config: &Config, ttl: Duration) -> Result<Policy, InvalidInput> {
         let threshold = config.extension_threshold;

@@ -7,6 +7,7 @@ pub use redfence_testkit::*;
 
 pub mod candidates;
 pub mod recorded;
+pub mod token_order;
 
 use std::time::{Duration, Instant};
 
@@ -29,6 +30,17 @@ pub trait TestRedlock {
     fn patient(&self) -> Redlock {
         self.builder()
             .node_timeout(PATIENT)
+            .build()
+            .expect("valid test config")
+    }
+
+    /// A `Redlock` over every server with [`PATIENT`] node calls that waits 30 s between
+    /// attempts (five retries): a waiter that gets in within seconds was woken by a release,
+    /// not by its retry delay.
+    fn slow_retries(&self) -> Redlock {
+        self.builder()
+            .node_timeout(PATIENT)
+            .backoff(redfence::Backoff::fixed(Duration::from_secs(30), Duration::ZERO).retries(5))
             .build()
             .expect("valid test config")
     }
@@ -108,4 +120,21 @@ pub async fn eventually(mut cond: impl FnMut() -> bool) -> bool {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// The most of `windows` (start, end; half-open, so one that ends as another starts is not
+/// beside it) that share one instant.
+pub fn most_at_once(windows: impl IntoIterator<Item = (Instant, Instant)>) -> usize {
+    let mut events: Vec<(Instant, i32)> = windows
+        .into_iter()
+        .flat_map(|(start, end)| [(start, 1), (end, -1)])
+        .collect();
+    // At one instant, ends before starts.
+    events.sort_by_key(|&(at, delta)| (at, delta));
+    let (mut open, mut most) = (0_i32, 0_i32);
+    for (_, delta) in events {
+        open += delta;
+        most = most.max(open);
+    }
+    usize::try_from(most).unwrap_or(0)
 }

@@ -60,6 +60,31 @@ impl FencedStore {
     }
 }
 
+/// A side workload's write (semaphore, read-write lock) under `signal`: with its fence, live
+/// unless the signal has aborted.
+pub(super) fn write_under(
+    store: &FencedStore,
+    resource: usize,
+    signal: &redfence::Signal,
+    acquisition: u64,
+    lease_start: Instant,
+) {
+    let Some(fence) = signal.fence() else {
+        panic!("a fenced hold has a token");
+    };
+    store.write(
+        resource,
+        Write {
+            fence,
+            acquisition,
+            accepted: false,
+            live: !signal.is_aborted(),
+            lease_start,
+            at: lease_start,
+        },
+    );
+}
+
 /// When faults were active; an overlap of leases inside one is the known price of Redlock,
 /// outside one it is a bug.
 #[derive(Default)]
@@ -148,9 +173,40 @@ pub(super) struct Tally {
 }
 
 pub(super) fn check(shared: &Shared, faults: &FaultLog) -> (Violations, Tally) {
+    let (mut v, t) = check_store(&shared.store, faults);
+    // No two live leases on a resource overlapped while no fault that excuses it was active
+    // (restarts do not: the restart quarantine keeps a restarted node's votes out).
+    let leases = shared.leases.lock().expect("leases");
+    let mut t = t;
+    for (i, a) in leases.iter().enumerate() {
+        for b in &leases[i + 1..] {
+            if a.resource != b.resource {
+                continue;
+            }
+            let (from, to) = (a.start.max(b.start), a.end.min(b.end));
+            if from >= to {
+                continue;
+            }
+            if faults.excuses_overlap(from, to) {
+                t.overlaps_in_faults += 1;
+            } else {
+                eprintln!(
+                    "overlap outside faults on resource {} (fences {} and {}): {a:?} and {b:?}",
+                    a.resource, a.fence, b.fence
+                );
+                v.overlapping_leases += 1;
+            }
+        }
+    }
+    (v, t)
+}
+
+/// What fencing guarantees, over the store's history alone (the side workloads check their
+/// own overlaps).
+pub(super) fn check_store(store: &FencedStore, faults: &FaultLog) -> (Violations, Tally) {
     let mut v = Violations::default();
     let mut t = Tally::default();
-    let inner = shared.store.inner.lock().expect("store");
+    let inner = store.inner.lock().expect("store");
     for writes in inner.history.values() {
         let mut last_accepted = 0u64;
         let mut last_acquisition = None;
@@ -194,28 +250,5 @@ pub(super) fn check(shared: &Shared, faults: &FaultLog) -> (Violations, Tally) {
             .count() as u64;
     }
     drop(inner);
-    // No two live leases on a resource overlapped while no fault that excuses it was active
-    // (restarts do not: the restart quarantine keeps a restarted node's votes out).
-    let leases = shared.leases.lock().expect("leases");
-    for (i, a) in leases.iter().enumerate() {
-        for b in &leases[i + 1..] {
-            if a.resource != b.resource {
-                continue;
-            }
-            let (from, to) = (a.start.max(b.start), a.end.min(b.end));
-            if from >= to {
-                continue;
-            }
-            if faults.excuses_overlap(from, to) {
-                t.overlaps_in_faults += 1;
-            } else {
-                eprintln!(
-                    "overlap outside faults on resource {} (fences {} and {}): {a:?} and {b:?}",
-                    a.resource, a.fence, b.fence
-                );
-                v.overlapping_leases += 1;
-            }
-        }
-    }
     (v, t)
 }

@@ -19,6 +19,7 @@
 //! `TORTURE_SECS` sets the duration of each run (default 45 s).
 
 mod history;
+mod rwlock;
 mod semaphore;
 #[path = "../support/mod.rs"]
 mod support;
@@ -48,7 +49,7 @@ const CLOCK_MAJORITY_EVERY: u32 = 4;
 /// one first); the others restart one node.
 const RESTART_MAJORITY_EVERY: u32 = 3;
 /// The workers' restart quarantine: longer than any lease they hold (the TTL, renewed).
-const RESTART_QUARANTINE: Duration = Duration::from_secs(3);
+pub(crate) const RESTART_QUARANTINE: Duration = Duration::from_secs(3);
 
 fn run_time() -> Duration {
     let secs = std::env::var("TORTURE_SECS")
@@ -374,26 +375,76 @@ async fn torture(cluster: &mut dyn Cluster, clocks: Option<&Clocks>, name: &str)
     }
 }
 
+/// Five local servers for a run: Valkey under libfaketime where both are available (so that
+/// [`fault_schedule`] can give any node a clock fault), else redis-server without clock faults
+/// (said on stderr).
+async fn local_servers(name: &str) -> (LocalCluster, Option<Clocks>) {
+    match Pieces::find() {
+        Ok(pieces) => {
+            let (servers, clocks) = Clocks::start(&pieces, 5, &[]);
+            (LocalCluster::over(servers).await, Some(clocks))
+        }
+        Err(missing) => {
+            eprintln!(
+                "torture [{name}]: no clock faults: missing {missing}; running on redis-server"
+            );
+            (LocalCluster::start(5).await, None)
+        }
+    }
+}
+
+/// The `Redlock` of a side workload's workers (semaphore, read-write lock), set up as the main
+/// run's: a short node timeout, the restart quarantine, a fencing counter, quick retries.
+fn side_redlock(cluster: &dyn Cluster) -> Redlock {
+    Redlock::builder()
+        .nodes(cluster.urls())
+        .node_timeout(Duration::from_millis(100))
+        .automatic_extension_threshold(THRESHOLD)
+        .restart_quarantine(RESTART_QUARANTINE)
+        .fencing(MemoryCounter::new())
+        .retry_count(50)
+        .retry_delay(Duration::from_millis(20))
+        .retry_jitter(Duration::from_millis(20))
+        .build()
+        .expect("config")
+}
+
+/// Runs a side workload's `workers` under the main run's faults (kills, pauses, cuts,
+/// restarts without persistence on one node or a majority in sequence, clock faults where
+/// `clocks` can fake them, now and then on a majority) for at most 30 s, then sets `stop` and
+/// waits for every worker. The log says where overlaps are excused, as in the main run: never
+/// after a restart, which the restart quarantine must cover.
+async fn side_faults(
+    cluster: &mut dyn Cluster,
+    clocks: Option<&Clocks>,
+    stop: &AtomicBool,
+    workers: Vec<tokio::task::JoinHandle<()>>,
+) -> FaultLog {
+    let faults = FaultLog::default();
+    let until = Instant::now() + run_time().min(Duration::from_secs(30));
+    fault_schedule(cluster, clocks, &faults, until).await;
+    stop.store(true, Ordering::SeqCst);
+    for w in workers {
+        tokio::time::timeout(Duration::from_secs(30), w)
+            .await
+            .expect("a worker ends in time")
+            .expect("worker");
+    }
+    faults
+}
+
 /// The two runs share two cores: one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn torture_local() {
     let _turn = ONE_AT_A_TIME.lock().await;
-    match Pieces::find() {
-        Ok(pieces) => {
-            let (servers, clocks) = Clocks::start(&pieces, 5, &[]);
-            let mut cluster = LocalCluster::over(servers).await;
-            torture(&mut cluster, Some(&clocks), "local Valkey, clocks faked").await;
-        }
-        Err(missing) => {
-            eprintln!(
-                "torture [local]: no clock faults: missing {missing}; running on redis-server"
-            );
-            let mut cluster = LocalCluster::start(5).await;
-            torture(&mut cluster, None, "local processes").await;
-        }
-    }
+    let (mut cluster, clocks) = local_servers("local").await;
+    let name = match clocks {
+        Some(_) => "local Valkey, clocks faked",
+        None => "local processes",
+    };
+    torture(&mut cluster, clocks.as_ref(), name).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

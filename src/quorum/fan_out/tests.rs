@@ -37,6 +37,7 @@ fn request() -> Request {
         token: Arc::from("t"),
         ttl_ms: 10_000,
         queue: None,
+        rw: None,
     }
 }
 
