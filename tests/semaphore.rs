@@ -87,11 +87,23 @@ async fn a_third_holder_is_refused_where_a_set_per_node_would_have_room() {
 /// No instant is inside more than K windows, and every task got its permits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_more_than_k_valid_permits_at_one_instant() {
+    at_most_k_permits(false).await;
+}
+
+/// The same in fair mode, where each slot's try takes its turn in the slot's queue on the
+/// nodes (and leaves it when refused): no waiter stays stuck in a slot's queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_more_than_k_valid_permits_in_fair_mode() {
+    at_most_k_permits(true).await;
+}
+
+async fn at_most_k_permits(fair: bool) {
     const K: u32 = 3;
     const ROUNDS: usize = 5;
     let servers = Servers::start(3);
     let redlock = servers
         .builder()
+        .fair(fair)
         .node_timeout(PATIENT)
         .retry_count(10_000)
         .retry_delay(Duration::from_millis(2))
@@ -123,18 +135,8 @@ async fn never_more_than_k_valid_permits_at_one_instant() {
     }
     let windows = windows.lock().expect("windows").clone();
     assert_eq!(windows.len(), 16 * ROUNDS, "every task got every permit");
-    // Sweep: ends before starts at the same instant (a window is half-open).
-    let mut events: Vec<(Instant, i32)> = windows
-        .iter()
-        .flat_map(|&(start, end, _)| [(start, 1), (end, -1)])
-        .collect();
-    events.sort_by_key(|&(at, delta)| (at, delta));
-    let (mut open, mut most) = (0, 0);
-    for (_, delta) in events {
-        open += delta;
-        most = most.max(open);
-    }
-    assert!(most <= K as i32, "{most} permits valid at one instant");
+    let most = support::most_at_once(windows.iter().map(|&(start, end, _)| (start, end)));
+    assert!(most <= K as usize, "{most} permits valid at one instant");
     assert!(
         most >= 2,
         "the test never ran permits side by side ({most})"
@@ -345,7 +347,7 @@ async fn acquire_gives_up_at_the_acquire_timeout() {
         .builder()
         .node_timeout(PATIENT)
         .retry_count(10_000)
-        .acquire_timeout(Duration::from_millis(300))
+        .acquire_timeout(Duration::from_millis(1500))
         .build()
         .expect("config");
     let sem = redlock.semaphore("full", 2).expect("semaphore");
@@ -366,10 +368,10 @@ async fn acquire_gives_up_at_the_acquire_timeout() {
     }
     let took = started.elapsed();
     assert!(
-        took >= Duration::from_millis(300),
+        took >= Duration::from_millis(1500),
         "gave up early: {took:?}"
     );
-    assert!(took < Duration::from_secs(5), "gave up late: {took:?}");
+    assert!(took < Duration::from_secs(10), "gave up late: {took:?}");
     assert!(matches!(
         sem.try_acquire(TTL).await,
         Err(Error::Contended { .. })
@@ -427,5 +429,60 @@ async fn a_permit_is_granted_with_a_minority_down() {
     let permit = sem.acquire(TTL).await.expect("a majority is up");
     let key = format!("pool:semaphore:slot:{}", permit.slot());
     assert!((0..2).all(|i| servers.get(i, &key).as_deref() == Some(permit.token())));
+    permit.release().await.expect("release");
+}
+
+/// Waiting for a permit is not polling: with a 30 s retry delay, a waiter gets the slot
+/// another client released (announced by the nodes) and then the one a permit of its own
+/// process released (woken in process) within seconds, and two waiters of one process are
+/// served in the order they came.
+#[tokio::test]
+async fn waiters_are_woken_by_a_release_and_served_in_order() {
+    let servers = Servers::start(3);
+    let (ours, theirs) = (servers.slow_retries(), servers.slow_retries());
+    let sem = ours.semaphore("woken", 1).expect("semaphore");
+    let other = theirs.semaphore("woken", 1).expect("semaphore");
+    let held = other.acquire(TTL).await.expect("the other client's permit");
+    let slot = sem.slots()[0].clone();
+    let before: Vec<i64> = (0..3)
+        .map(|i| servers.release_subscribers(i, &slot))
+        .collect();
+    let first = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire(TTL).await }
+    });
+    // The first waiter went round once and waits (its try marked the slot).
+    assert!(
+        eventually(|| {
+            let mark = format!("{slot}:redfence:waiting");
+            servers.keys(0).contains(&mark)
+        })
+        .await,
+        "the first waiter tried the slot"
+    );
+    // It listens on every node before the release (a message sent earlier is missed, and the
+    // waiter would poll: here after its 30 s retry delay).
+    assert!(
+        eventually(|| (0..3).all(|i| servers.release_subscribers(i, &slot) > before[i])).await,
+        "the first waiter subscribed"
+    );
+    let second = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire(TTL).await }
+    });
+    // (The second waits in the process's line behind the first, which keeps its turn.)
+    held.release().await.expect("release");
+    let permit = tokio::time::timeout(Duration::from_secs(10), first)
+        .await
+        .expect("the first waiter is woken, not left to its 30 s retry delay")
+        .expect("task")
+        .expect("acquire");
+    assert!(!second.is_finished(), "one permit, one holder");
+    permit.release().await.expect("release");
+    let permit = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the second waiter is woken by its process's release")
+        .expect("task")
+        .expect("acquire");
     permit.release().await.expect("release");
 }

@@ -34,7 +34,10 @@
 //! round (one `try_acquire` each), so that concurrent callers spread over the slots instead of
 //! all asking for slot 0; when all are taken it waits the Redlock's retry delay
 //! ([`Backoff`](crate::Backoff)) and goes round again, within `retry_count` and
-//! `acquire_timeout`.
+//! `acquire_timeout`. Waiters of one `Redlock` take turns, as a mutex's do: only the head
+//! of the process's line for the semaphore goes round. The wait ends early when any slot is released: each refused try marked
+//! its slot, so its release is announced (the mutex's notified hand-off, watched for all the
+//! slots at once), and a permit of this process released wakes its waiters at once.
 
 mod permit;
 mod size;
@@ -48,8 +51,10 @@ use rand::Rng;
 
 pub use permit::Permit;
 
+use crate::acquisition::line_up;
 use crate::clock;
 use crate::error::{Error, InvalidInput};
+use crate::hand_off::Watch;
 use crate::inner::validate_ttl;
 use crate::inspect::Inspection;
 use crate::redlock::Redlock;
@@ -224,9 +229,25 @@ impl Semaphore {
         let mut attempts: u32 = 0;
         // Once per call: the size cannot change while a majority stores ours (refreshed here).
         size::claim(shared, &self.name, &self.size_key, self.permits, ttl).await?;
+        // Waiters of this process take turns (FIFO, a line named after the size key), as a
+        // mutex's waiters do: only the head of the line tries the slots.
+        let turn = if retry {
+            let line = [self.size_key.to_string()];
+            line_up(shared, &line, &mut delays, deadline, started)
+                .await?
+                .0
+        } else {
+            None
+        };
+        let mut watch: Option<Watch> = None;
+        // The last refusal, kept across rounds: a round cut short by the deadline still says
+        // what the nodes answered before.
+        let mut last: Option<Error> = None;
         loop {
+            if let Some(watch) = &watch {
+                watch.reset();
+            }
             let first = rand::rng().random_range(0..self.permits);
-            let mut last: Option<Error> = None;
             for offset in 0..self.permits {
                 if let Some(deadline) = deadline
                     && clock::now() >= deadline
@@ -247,10 +268,16 @@ impl Semaphore {
                 }
             }
             // Every slot was tried (K >= 1), and each try that did not return set `last`.
-            let last = last.unwrap_or(Error::Closed);
+            // The first refusal of a waiter that may retry: watch from now on, and go round once
+            // more at once (a release between the round and the watch would have woken nobody).
+            if watch.is_none() && turn.is_some() && config.backoff.max_retries() > 0 {
+                watch = Some(shared.hand_off.watch_any(&shared.keys(&self.slots)));
+                continue;
+            }
+            // Out of turn (the line took the retries): that was the last round.
             let delay = match delays.next() {
-                Some(delay) if retry => delay,
-                _ => return Err(last),
+                Some(delay) if turn.is_some() => delay,
+                _ => return Err(last.unwrap_or(Error::Closed)),
             };
             let wake = clock::now() + delay;
             if let Some(deadline) = deadline
@@ -260,10 +287,11 @@ impl Semaphore {
                 return Err(Error::AcquireTimeout {
                     waited: clock::since(started),
                     attempts,
-                    last: Some(Box::new(last)),
+                    last: last.map(Box::new),
                 });
             }
-            tokio::time::sleep(delay).await;
+            // Any slot's release (announced: each refused try marked its slot) ends the wait.
+            Watch::sleep_or_release(watch.as_ref(), delay).await;
         }
     }
 
@@ -290,9 +318,7 @@ impl Semaphore {
     {
         let shared = self.redlock.shared();
         let config = &shared.config;
-        let policy = validate_ttl(ttl, config.drift_factor)
-            .and_then(|ttl| using::Policy::new(config, ttl))
-            .map_err(|error| E::from(error.into()))?;
+        let policy = using::Policy::checked(config, ttl).map_err(|error| E::from(error.into()))?;
         let permit = self.acquire(ttl).await.map_err(E::from)?;
         using::scope(permit.into_lock(), policy, config, &shared.tasks, routine).await
     }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::{Error, NodeError, NodeFailure};
+use crate::error::{Error, NodeError};
 use crate::inner::Shared;
 use crate::node::Claim;
 use crate::quorum;
@@ -27,27 +27,16 @@ pub(crate) async fn claim(
 ) -> Result<(), Error> {
     let ours: Arc<str> = Arc::from(permits.to_string());
     let ttl_ms = u64::try_from(SIZE_TTL.max(ttl.saturating_mul(2)).as_millis()).unwrap_or(u64::MAX);
-    let timeout = shared.config.node_timeout;
-    let calls = shared.nodes.iter().enumerate().map(|(index, node)| {
-        let request = Claim {
-            key: Arc::clone(key),
-            value: Arc::clone(&ours),
-            ttl_ms,
-        };
-        async move {
-            let call = crate::node::claim(&**node, request);
-            let reply = match tokio::time::timeout(timeout, call).await {
-                Ok(reply) => reply,
-                Err(_) => Err(NodeFailure::Timeout(timeout)),
+    let replies = shared
+        .ask_every_node(|node| {
+            let request = Claim {
+                key: Arc::clone(key),
+                value: Arc::clone(&ours),
+                ttl_ms,
             };
-            reply.map_err(|failure| NodeError {
-                index,
-                addr: node.addr().to_owned(),
-                failure,
-            })
-        }
-    });
-    let replies = futures::future::join_all(calls).await;
+            async move { crate::node::claim(&*node, request).await }
+        })
+        .await;
     decide(name, permits, &ours, replies, shared.nodes.len())
 }
 
@@ -92,6 +81,7 @@ fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::NodeFailure;
 
     fn down(index: usize) -> Result<String, NodeError> {
         Err(NodeError {
