@@ -2,16 +2,18 @@
 //! (shared or its own, reconnecting), the batch statements, and the retries.
 
 use std::collections::{BTreeSet, HashMap};
-use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, Row, SimpleQueryMessage, Statement};
+use tokio_postgres::{Client, SimpleQueryMessage, Statement};
 
+pub(crate) use crate::counter_error::CounterError;
+use crate::counter_error::{positive, token};
+use crate::create_if_absent;
 use crate::sql::CounterSql;
-use crate::{chain, create_if_absent};
+use crate::stripes::{StripedSql, refused_by_stripes};
 use redfence::BoxError;
 use redfence::fence::IssueBatch;
 
@@ -43,6 +45,8 @@ pub(crate) struct PgIssuer {
     pub(crate) source: Arc<Source>,
     pub(crate) table: String,
     pub(crate) sql: CounterSql,
+    /// The stripes, if striped (see `PostgresCounter::striped`).
+    pub(crate) striped: Option<Arc<StripedSql>>,
     pub(crate) create_table: bool,
     /// Whether the hot statements are prepared (see `PostgresCounter::prepare_statements`).
     pub(crate) prepare: bool,
@@ -161,6 +165,13 @@ impl PgIssuer {
                          PostgresCounter::prepare_statements(false), the default",
                     ));
                 }
+                Some(&SqlState::CHECK_VIOLATION) => {
+                    let hint = error.source.as_ref().and_then(refused_by_stripes);
+                    return Err(match hint {
+                        Some(hint) => error.hint(&hint),
+                        None => error,
+                    });
+                }
                 _ => return Err(error),
             }
         }
@@ -203,6 +214,11 @@ impl PgIssuer {
         client: &Arc<Client>,
         requests: &[&[String]],
     ) -> Result<Vec<u64>, CounterError> {
+        if let Some(striped) = &self.striped {
+            return striped
+                .issue(client, requests, |what| self.step(what, requests))
+                .await;
+        }
         if requests.iter().all(|names| names.len() == 1) {
             self.singles(client, requests).await
         } else {
@@ -403,29 +419,6 @@ fn cached(connector: &Connector) -> Result<Option<Arc<Client>>, CounterError> {
     Ok(current.clone())
 }
 
-/// Column `column` of `row` as a token.
-fn token(row: &Row, column: usize, step: &str) -> Result<u64, CounterError> {
-    let value: i64 = row
-        .try_get(column)
-        .map_err(|err| CounterError::pg(step.to_owned(), err))?;
-    positive(Some(value), step)
-}
-
-/// A token from a counter value: positive, or an error (`None` is an overflow).
-fn positive(value: Option<i64>, step: &str) -> Result<u64, CounterError> {
-    match value {
-        Some(value) if value > 0 => Ok(value.unsigned_abs()),
-        Some(value) => Err(CounterError::new(
-            step.to_owned(),
-            format!("the counter returned {value}, not a positive token"),
-        )),
-        None => Err(CounterError::new(
-            step.to_owned(),
-            "the counter reached the largest bigint",
-        )),
-    }
-}
-
 /// Refuses a session whose commits are acknowledged before they are durable
 /// (`synchronous_commit = off`, for the role, the database or in the connection's options):
 /// a crash could lose tokens already handed out, and hand them out again.
@@ -448,52 +441,4 @@ async fn durable_commits(client: &Client, target: &str) -> Result<(), CounterErr
         ));
     }
     Ok(())
-}
-
-/// Why the PostgreSQL counter could not issue a token; says which step failed.
-#[derive(Debug)]
-pub(crate) struct CounterError {
-    step: String,
-    detail: String,
-    source: Option<tokio_postgres::Error>,
-}
-
-impl CounterError {
-    pub(crate) fn new(step: impl Into<String>, detail: impl Into<String>) -> Self {
-        CounterError {
-            step: step.into(),
-            detail: detail.into(),
-            source: None,
-        }
-    }
-
-    /// The same error, with what to do about it.
-    fn hint(mut self, hint: &str) -> Self {
-        self.detail = format!("{}; {hint}", self.detail);
-        self
-    }
-
-    fn pg(step: impl Into<String>, err: tokio_postgres::Error) -> Self {
-        CounterError {
-            step: step.into(),
-            detail: chain(&err),
-            source: Some(err),
-        }
-    }
-}
-
-impl fmt::Display for CounterError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "PostgreSQL fencing counter: {}: {}",
-            self.step, self.detail
-        )
-    }
-}
-
-impl std::error::Error for CounterError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source.as_ref().map(|e| e as _)
-    }
 }

@@ -70,10 +70,12 @@
 
 mod check;
 mod counter;
+mod counter_error;
 mod error;
 mod guards;
 mod issuer;
 mod sql;
+mod stripes;
 mod update;
 
 use tokio_postgres::error::SqlState;

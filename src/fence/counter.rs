@@ -19,6 +19,14 @@ use crate::error::BoxError;
 /// only the order matters. A token must be durable before it is returned: a crash right
 /// after must not let the store issue it (or a smaller one) again.
 ///
+/// "Every token it returned before" means every token whose call **returned** before this
+/// call began; two calls in flight at once may be answered in either order (the lock makes
+/// that harmless: the next holder of a resource asks only after the previous holder's token
+/// arrived). A counter need not keep one value per resource: a striped one
+/// ([`Stripes`](crate::fence::Stripes)) keeps S values, each shared by the resources that map
+/// to it, and issues a token above every value its resources map to, raising each of them to
+/// it; that is greater than every earlier token of each of those resources.
+///
 /// redfence calls it after a quorum granted the lock and before `acquire`/`using` return, bounded
 /// by the builder's `fencing_timeout` and the lock's validity. If it fails, the lock is released
 /// and the caller gets [`Error::Fencing`](crate::Error::Fencing): never a lock without a token.

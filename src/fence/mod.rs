@@ -34,6 +34,17 @@
 //! A multi-resource lock gets **one** token, greater than the last token of every resource
 //! in it, so each of its resources sees a strictly increasing sequence.
 //!
+//! # Per resource or striped
+//!
+//! By default `RedisCounter` and `PostgresCounter` keep one counter (key, row) per resource.
+//! Striped (`striped(`[`Stripes`]`)`), they keep S counters, a resource's tokens coming from
+//! stripe [`Stripes::of`]`(resource)`, and issue a **range** of tokens per batch: one update
+//! of a stripe issues every token of the batch on it, so a busy batch updates at most S
+//! counters instead of one per resource. Tokens still increase for each resource (the
+//! argument: [`Stripes`]); they grow faster, shared by the resources of a stripe. The two
+//! modes must not serve one resource at once: `PostgresCounter` makes its per-resource mode
+//! fail closed on a striped table, `RedisCounter` cannot, so switch all of its clients at once.
+//!
 //! # What each counter guarantees (the failure model)
 //!
 //! | counter | monotonic across | breaks when |
@@ -97,16 +108,20 @@
 //! Implement [`FencingCounter`] over a store whose increments are durable and
 //! linearizable once acknowledged. One global counter for all resources is valid too (it
 //! is monotonic for every resource); one per resource lets unrelated resources proceed
-//! without contending on one row or key. To group-commit its requests as the built-in
+//! without contending on one row or key; [`Stripes`] maps resources to a fixed number of
+//! counters in between. To group-commit its requests as the built-in
 //! counters do, implement [`IssueBatch`] and send them through a [`Batcher`]. A fenced-write
 //! helper for your store can count its rejections with [`record_rejected_write`].
 
 mod batch;
 pub(crate) mod counter;
 pub(crate) mod redis;
+mod redis_stripes;
+mod stripes;
 
 pub use batch::{Batcher, IssueBatch, MAX_BATCH};
 pub(crate) use counter::FencingCounter;
+pub use stripes::Stripes;
 
 use crate::metrics::{self, TypeLabel};
 

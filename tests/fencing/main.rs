@@ -1,11 +1,12 @@
 //! Fencing tokens end to end: counters (memory, Redis) behind real redis-server processes.
 //!
-//! By concern: tokens through `acquire` with any counter (`acquire.rs`), and `RedisCounter`
-//! (`redis_counter.rs`). The PostgreSQL counter and the fenced-write helpers are tested in
-//! their own crate (`redfence-postgres/tests/`).
+//! By concern: tokens through `acquire` with any counter (`acquire.rs`), `RedisCounter`
+//! (`redis_counter.rs`) and its striped mode (`stripes.rs`). The PostgreSQL counter and the
+//! fenced-write helpers are tested in their own crate (`redfence-postgres/tests/`).
 
 mod acquire;
 mod redis_counter;
+mod stripes;
 #[path = "../support/mod.rs"]
 mod support;
 

@@ -1,7 +1,7 @@
 //! PostgreSQL fencing end to end, behind real redis-server processes: a stale owner
 //! rejected by the storage (`stale_owner.rs`), `PostgresCounter`'s tokens (`counter.rs`)
 //! and outages (`outages.rs`), the fenced-write helpers (`fenced_writes.rs`), the counter's
-//! group commit (`group_commit.rs`), and a deposed leader's late write rejected by a guard
+//! group commit (`group_commit.rs`), striped counters (`stripes.rs`), and a deposed leader's late write rejected by a guard
 //! row (`election.rs`).
 //!
 //! They need the PostgreSQL server binaries (see `testkit/src/postgres.rs`); each test starts
@@ -14,6 +14,7 @@ mod fenced_writes;
 mod group_commit;
 mod outages;
 mod stale_owner;
+mod stripes;
 #[path = "../../../tests/support/mod.rs"]
 mod support;
 
