@@ -84,6 +84,17 @@ pub struct RunArgs {
     #[arg(short = 'n', long = "permits", value_name = "N")]
     pub permits: Option<u32>,
 
+    /// Run holding the read side of a read-write lock: beside any number of --shared runs of
+    /// the same -r NAME, never beside an --exclusive one. Needs exactly one -r
+    #[arg(long, conflicts_with_all = ["permits", "exclusive"])]
+    pub shared: bool,
+
+    /// Run holding the write side of a read-write lock: alone, with no --shared or other
+    /// --exclusive run of the same -r NAME. While it waits (--wait), new --shared runs queue
+    /// behind it. Needs exactly one -r
+    #[arg(long, conflicts_with = "permits")]
+    pub exclusive: bool,
+
     /// The lock's time to live; it is extended while the command runs
     #[arg(long, default_value = "30s", value_parser = duration)]
     pub ttl: Duration,
@@ -142,6 +153,16 @@ pub struct StatusArgs {
     /// Print JSON instead of a table
     #[arg(long)]
     pub json: bool,
+
+    /// The one RESOURCE is a counting semaphore of N permits (as `run -n N`): show its N
+    /// slots, each a lock, and the holder of each
+    #[arg(short = 'n', long = "permits", value_name = "N")]
+    pub permits: Option<u32>,
+
+    /// The one RESOURCE is a read-write lock (as `run --shared` / `--exclusive`): show its
+    /// writer, its readers and whether a writer waits
+    #[arg(long, conflicts_with = "permits")]
+    pub rwlock: bool,
 
     /// The resources to look at
     #[arg(required = true, value_name = "RESOURCE")]

@@ -5,7 +5,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::time::Duration;
 
-use redfence::{Backoff, Error, FencingError, Redlock, Signal};
+use redfence::{Backoff, Error, FencingError, Redlock, RwLock, Semaphore, Signal};
 
 /// How long the fencing counter may take to issue a token (the library's default).
 const FENCING_TIMEOUT: Duration = Duration::from_secs(1);
@@ -78,20 +78,7 @@ pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
         )));
     }
     let redlock = redlock(common, args)?;
-    let semaphore = match args.permits {
-        None => None,
-        Some(permits) => {
-            let [name] = resources.as_slice() else {
-                return Err(Failure::usage(
-                    "-n/--permits needs exactly one -r, the semaphore's name",
-                ));
-            };
-            let semaphore = redlock
-                .semaphore(name, permits)
-                .map_err(|error| Failure::from_lock_error(&error, args.busy_exit_code))?;
-            Some(semaphore)
-        }
-    };
+    let held = Held::new(&redlock, args, &resources)?;
     let mut signals = Signals::catch()?;
     child::adopt_orphans();
     let wait = match (args.no_wait, args.wait) {
@@ -117,15 +104,25 @@ pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
             signals: &mut signals,
             waiting: &mut waiting,
         };
-        let outcome = match &semaphore {
-            Some(semaphore) => {
+        let outcome = match &held {
+            Held::Lock => {
+                redlock
+                    .using(&resources, args.ttl, |signal| scope.supervise(signal))
+                    .await
+            }
+            Held::Permit(semaphore) => {
                 semaphore
                     .using(args.ttl, |signal| scope.supervise(signal))
                     .await
             }
-            None => {
-                redlock
-                    .using(&resources, args.ttl, |signal| scope.supervise(signal))
+            Held::Read(rwlock) => {
+                rwlock
+                    .using_read(args.ttl, |signal| scope.supervise(signal))
+                    .await
+            }
+            Held::Write(rwlock) => {
+                rwlock
+                    .using_write(args.ttl, |signal| scope.supervise(signal))
                     .await
             }
         };
@@ -181,9 +178,56 @@ pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
     }
 }
 
+/// What a run holds while its command runs.
+enum Held {
+    /// A lock on the resources.
+    Lock,
+    /// A permit of the semaphore `-n N -r NAME`.
+    Permit(Semaphore),
+    /// The read side of the read-write lock `--shared -r NAME`.
+    Read(RwLock),
+    /// The write side of the read-write lock `--exclusive -r NAME`.
+    Write(RwLock),
+}
+
+impl Held {
+    /// From the arguments: `-n`, `--shared` and `--exclusive` need exactly one resource, the
+    /// name (usage error otherwise); a bad name or size is refused before any traffic.
+    fn new(redlock: &Redlock, args: &RunArgs, resources: &[String]) -> Result<Held, Failure> {
+        let flag = match (args.permits, args.shared, args.exclusive) {
+            (None, false, false) => return Ok(Held::Lock),
+            (Some(_), _, _) => "-n/--permits",
+            (None, true, _) => "--shared",
+            (None, false, true) => "--exclusive",
+        };
+        let [name] = resources else {
+            return Err(Failure::usage(format!(
+                "{flag} needs exactly one -r, the name it holds"
+            )));
+        };
+        let refused = |error: Error| Failure::from_lock_error(&error, args.busy_exit_code);
+        Ok(match args.permits {
+            Some(permits) => Held::Permit(redlock.semaphore(name, permits).map_err(refused)?),
+            None if args.shared => Held::Read(redlock.rwlock(name).map_err(refused)?),
+            None => Held::Write(redlock.rwlock(name).map_err(refused)?),
+        })
+    }
+}
+
 /// The lock manager for `run`: one attempt per `using()` call, `--max-hold`, `--fencing`.
 fn redlock(common: &Common, args: &RunArgs) -> Result<Redlock, Failure> {
     let mut builder = setup::builder(common)?.retry_count(0);
+    // A writer waits inside one `using_write()` call, for all of --wait: its waiting mark
+    // then stays on the nodes and holds new readers back (retried call by call, each call's
+    // mark would be taken away at its end, and a stream of readers could keep it out).
+    if args.exclusive
+        && !args.no_wait
+        && let Some(wait) = args.wait.filter(|wait| !wait.is_zero())
+    {
+        builder = builder
+            .backoff(Backoff::DEFAULT.retries(u32::MAX))
+            .acquire_timeout(wait);
+    }
     if let Some(max) = args.max_hold {
         builder = builder.max_hold(max);
     }

@@ -1,8 +1,9 @@
-//! `redfence status`: who holds some resources on each node, and the quorum view.
+//! `redfence status`: who holds some resources (or a semaphore's slots) on each node, and
+//! the quorum view.
 
 use std::time::Duration;
 
-use redfence::{Inspection, KeyState, NodeReport, Redlock};
+use redfence::{Inspection, KeyState, NodeReport, Redlock, RwHolder, RwInspection};
 use serde_json::{Value, json};
 
 use crate::args::StatusArgs;
@@ -10,10 +11,43 @@ use crate::exit::{self, Failure};
 
 /// Prints the report (a table, or JSON); exits 69 when fewer than a majority answered.
 pub async fn status(redlock: &Redlock, args: &StatusArgs) -> Result<u8, Failure> {
-    let report = redlock
-        .inspect(&args.resources)
-        .await
-        .map_err(|err| Failure::from_lock_error(&err, exit::BUSY))?;
+    let lock_error = |err: redfence::Error| Failure::from_lock_error(&err, exit::BUSY);
+    if args.rwlock {
+        let [name] = args.resources.as_slice() else {
+            return Err(Failure::usage(
+                "--rwlock needs exactly one RESOURCE, the read-write lock's name",
+            ));
+        };
+        let report = redlock
+            .rwlock(name)
+            .map_err(lock_error)?
+            .inspect()
+            .await
+            .map_err(lock_error)?;
+        if args.json {
+            println!("{}", rw_json(&report, redlock.quorum()));
+        } else {
+            print!("{}", rw_table(&report));
+        }
+        let answered = report.nodes().iter().filter(|n| n.is_ok()).count();
+        return Ok(if answered >= redlock.quorum() {
+            0
+        } else {
+            exit::UNAVAILABLE
+        });
+    }
+    let report = match (args.permits, args.resources.as_slice()) {
+        (None, resources) => redlock.inspect(resources).await.map_err(lock_error)?,
+        (Some(permits), [name]) => {
+            let semaphore = redlock.semaphore(name, permits).map_err(lock_error)?;
+            semaphore.inspect().await.map_err(lock_error)?
+        }
+        (Some(_), _) => {
+            return Err(Failure::usage(
+                "--permits needs exactly one RESOURCE, the semaphore's name",
+            ));
+        }
+    };
     if args.json {
         println!("{}", to_json(&report));
     } else {
@@ -137,4 +171,84 @@ fn node_json(node: &NodeReport, i: usize) -> Value {
         map.extend(extra);
     }
     value
+}
+
+/// A read-write lock's table: the majority view, then one line per node.
+pub fn rw_table(report: &RwInspection) -> String {
+    let writer = report.writer().unwrap_or("-");
+    let readers = report.readers();
+    let mut out = format!(
+        "{} (read-write lock): writer {writer}, {} reader(s){}{} [advisory]\n",
+        report.name(),
+        readers.len(),
+        if readers.is_empty() { "" } else { ": " },
+        readers.join(" "),
+    );
+    if report.writer_waiting() {
+        out.push_str("  a writer waits: new readers queue behind it\n");
+    }
+    out.push_str(&format!(
+        "  {:<4} {:<20} {:<8} {}\n",
+        "NODE", "WRITER", "WAITING", "READERS"
+    ));
+    for (index, node) in report.nodes().iter().enumerate() {
+        let line = match node {
+            Err(err) => format!("  {index:<4} error: {err}\n"),
+            Ok(state) => {
+                let writer = state.writer.as_ref().map_or("-".into(), holder);
+                let waiting = if state.writer_waiting.is_some() {
+                    "yes"
+                } else {
+                    "no"
+                };
+                let readers: Vec<String> = state.readers.iter().map(holder).collect();
+                format!(
+                    "  {index:<4} {writer:<20} {waiting:<8} {}\n",
+                    if readers.is_empty() {
+                        "-".into()
+                    } else {
+                        readers.join(" ")
+                    }
+                )
+            }
+        };
+        out.push_str(&line);
+    }
+    out
+}
+
+/// `prefix (TTL)` of one holder.
+fn holder(holder: &RwHolder) -> String {
+    format!("{} ({})", holder.token_prefix, seconds(Some(holder.ttl)))
+}
+
+/// A read-write lock's report as JSON: `{"advisory": true, "name", "quorum", "writer",
+/// "readers", "writer_waiting", "nodes": [{"index", "writer", "readers", "writer_waiting"} or
+/// {"index", "error"}]}`; holders as `{"token_prefix", "ttl_ms"}`.
+pub fn rw_json(report: &RwInspection, quorum: usize) -> Value {
+    let holder =
+        |h: &RwHolder| json!({ "token_prefix": h.token_prefix, "ttl_ms": millis(Some(h.ttl)) });
+    let nodes: Vec<Value> = report
+        .nodes()
+        .iter()
+        .enumerate()
+        .map(|(index, node)| match node {
+            Err(err) => json!({ "index": index, "error": err.to_string() }),
+            Ok(state) => json!({
+                "index": index,
+                "writer": state.writer.as_ref().map(holder),
+                "readers": state.readers.iter().map(holder).collect::<Vec<_>>(),
+                "writer_waiting": state.writer_waiting.is_some(),
+            }),
+        })
+        .collect();
+    json!({
+        "advisory": true,
+        "name": report.name(),
+        "quorum": quorum,
+        "writer": report.writer(),
+        "readers": report.readers(),
+        "writer_waiting": report.writer_waiting(),
+        "nodes": nodes,
+    })
 }

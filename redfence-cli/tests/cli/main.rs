@@ -3,7 +3,8 @@
 //! (`commands.rs`); `--min-hold` (`hold.rs`); the command's own processes (`processes.rs`),
 //! and those that left its group or session (`descendants.rs`); the job's environment
 //! (`environment.rs`); a fencing counter that fails once (`fencing.rs`); a terminal's
-//! foreground (`terminal.rs`); `-n K`, a semaphore's permits (`semaphore.rs`).
+//! foreground (`terminal.rs`); `-n K`, a semaphore's permits (`semaphore.rs`); `--shared` /
+//! `--exclusive`, a read-write lock (`rwlock.rs`).
 //!
 //! The servers come from the workspace's harness, `redfence-testkit` (`testkit/`).
 
@@ -13,6 +14,7 @@ mod environment;
 mod fencing;
 mod hold;
 mod processes;
+mod rwlock;
 mod semaphore;
 mod terminal;
 

@@ -98,3 +98,45 @@ fn another_number_of_permits_is_refused() {
     assert_eq!(wait_exit(&mut first).code(), Some(0));
     assert_eq!(super::lines(&files.path("log")), ["first"]);
 }
+
+/// `status -n K NAME` shows the semaphore's K slots: the held one with its holder, the
+/// others free; `-n` with two names is a usage error.
+#[test]
+fn status_shows_a_semaphores_slots() {
+    let servers = Servers::start(3);
+    let token = "fedcba9876543210fedcba9876543210";
+    for i in [0, 1] {
+        let _: () = servers.cmd(i, &["SET", "pool:semaphore:slot:1", token, "PX", "20000"]);
+    }
+    let status = |extra: &[&str]| {
+        super::redfence(&servers)
+            .arg("status")
+            .args(extra)
+            .output()
+            .expect("run redfence status")
+    };
+    let out = status(&["-n", "3", "pool"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    for slot in 0..3 {
+        assert!(
+            text.contains(&format!("pool:semaphore:slot:{slot}")),
+            "slot {slot} listed: {text}"
+        );
+    }
+    assert!(text.contains("held by one owner (fedcba98)"), "{text}");
+    assert_eq!(text.matches("free").count(), 2, "two free slots: {text}");
+
+    let json = status(&["--json", "-n", "3", "pool"]);
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
+    let free: Vec<bool> = report["resources"]
+        .as_array()
+        .expect("resources")
+        .iter()
+        .map(|r| r["free"].as_bool().expect("free"))
+        .collect();
+    assert_eq!(free, [true, false, true]);
+
+    let usage = status(&["-n", "3", "pool", "other"]);
+    assert_eq!(usage.status.code(), Some(super::USAGE), "{usage:?}");
+}
