@@ -87,22 +87,8 @@ pub async fn scenario(servers: &Servers, ops: usize) {
     sequential(&all, 300, probe).await;
     let (seq, commit) = sequential(&all, ops, probe).await;
     let wal_before = postgres::wal_flushes(&pg).await;
-    let mut tps: Vec<Vec<f64>> = rows.iter().map(|_| Vec::new()).collect();
-    let mut used: Vec<cpu::Usage> = rows.iter().map(|_| cpu::Usage::default()).collect();
     let per_task = (ops / PARALLEL).max(20);
-    for _ in 0..rounds {
-        for (i, &(name, ref redlock)) in rows.iter().enumerate() {
-            let redlock = redlock.clone();
-            let before = cpu::Usage::now();
-            let tp = throughput(per_task, move |r| {
-                let redlock = redlock.clone();
-                async move { lock_once(&redlock, &r).await.expect(name) }
-            })
-            .await;
-            used[i].add(&before, &cpu::Usage::now());
-            tps[i].push(tp);
-        }
-    }
+    let (tps, used) = rounds_of(&rows, per_task, rounds).await;
     println!(
         "fencing: acquire+release on 5 nodes, {ops} sequential ops, {PARALLEL}-way parallel \
          in {rounds} rounds"
@@ -236,7 +222,33 @@ pub async fn scenario(servers: &Servers, ops: usize) {
 }
 
 /// The smallest, median and largest of `values` (not empty).
-fn spread(mut values: Vec<f64>) -> (f64, f64, f64) {
+/// `PARALLEL`-way throughput of every row, the rows one after another in each of `rounds`
+/// rounds (so that a machine whose speed drifts weighs on all alike): each row's figure per
+/// round, and the CPU it used over all rounds.
+pub(crate) async fn rounds_of(
+    rows: &[Row],
+    per_task: usize,
+    rounds: usize,
+) -> (Vec<Vec<f64>>, Vec<cpu::Usage>) {
+    let mut tps: Vec<Vec<f64>> = rows.iter().map(|_| Vec::new()).collect();
+    let mut used: Vec<cpu::Usage> = rows.iter().map(|_| cpu::Usage::default()).collect();
+    for _ in 0..rounds {
+        for (i, &(name, ref redlock)) in rows.iter().enumerate() {
+            let redlock = redlock.clone();
+            let before = cpu::Usage::now();
+            let tp = throughput(per_task, move |r| {
+                let redlock = redlock.clone();
+                async move { lock_once(&redlock, &r).await.expect(name) }
+            })
+            .await;
+            used[i].add(&before, &cpu::Usage::now());
+            tps[i].push(tp);
+        }
+    }
+    (tps, used)
+}
+
+pub(crate) fn spread(mut values: Vec<f64>) -> (f64, f64, f64) {
     values.sort_by(f64::total_cmp);
     (
         values[0],

@@ -14,9 +14,12 @@
 //! cargo run --release -p redfence-bench            # starts five local redis-server processes
 //! BENCH_OPS=20000 BENCH_ROUNDS=9 cargo run --release -p redfence-bench
 //! cargo run --release -p redfence-bench -- fencing   # the fencing scenario only
+//! cargo run --release -p redfence-bench -- fence-ranges  # counters per resource vs striped (A/B)
 //! cargo run --release -p redfence-bench -- load      # burst, idle, extension CPU, held locks
 //! cargo run --release -p redfence-bench -- held      # 10,000 held using() locks alone
 //! cargo run --release -p redfence-bench -- natives   # plain commands vs the script (A/B)
+//! cargo run --release -p redfence-bench -- rwlock    # 64 tasks, 95 % reads, vs one mutex
+//! cargo run --release -p redfence-bench -- semaphore # 64 tasks on K = 8 permits vs 8 mutexes
 //! cargo run --release -p redfence-bench -- hotspot   # 16 waiters on one resource, beside node-redlock
 //! cargo run --release -p redfence-bench --features metrics -- metrics   # recording cost
 //! # on given masters (e.g. those ../shared/peers/run.sh uses), for figures beside the peers':
@@ -209,6 +212,10 @@ async fn main() {
         fencing::scenario(&servers, ops).await;
         return;
     }
+    if only("fence-ranges") {
+        ranges::scenario(&servers, ops).await;
+        return;
+    }
     let urls = bench_nodes().unwrap_or_else(|| servers.urls());
     let redlock = Redlock::builder()
         .nodes(urls.clone())
@@ -225,6 +232,14 @@ async fn main() {
     if only("held") {
         // The held-locks scenario alone (10,000 held `using()` locks: % of a core, memory).
         load::held_using(&urls).await;
+        return;
+    }
+    if only("rwlock") {
+        rwlock::scenario(&urls).await;
+        return;
+    }
+    if only("semaphore") {
+        semaphore::scenario(&urls).await;
         return;
     }
     if only("natives") {
@@ -419,5 +434,8 @@ mod fencing;
 mod hotspot;
 mod load;
 mod natives;
+mod ranges;
 #[cfg(feature = "metrics")]
 mod recording;
+mod rwlock;
+mod semaphore;
