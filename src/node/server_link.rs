@@ -86,7 +86,7 @@ impl ServerLink {
     ) -> Result<Replies, NodeFailure> {
         let mut plan = std::mem::take(&mut self.plan);
         plan.write(runs, natives);
-        let sent = async {
+        let answered = async {
             // Every command is repeat-safe for its token, as the script is: once more after a
             // lost connection.
             let values = match conn
@@ -104,7 +104,26 @@ impl ServerLink {
                 other => other?,
             };
             check_count(values.len(), plan.commands)?;
-            let mut outcome = plan.read(runs, values);
+            Ok::<_, NodeFailure>(plan.read(runs, values))
+        };
+        let answered = tokio::select! {
+            biased;
+            answered = answered => answered,
+            () = deadline.as_mut() => Err(NodeFailure::Timeout(timeout)),
+        };
+        let mut outcome = match answered {
+            Ok(outcome) => outcome,
+            Err(failure) => {
+                self.plan = plan;
+                return Err(failure);
+            }
+        };
+        // Learnt before the refused commands run again in the script, so that a deadline
+        // passing meanwhile (and the resent release) does not try the refused command again.
+        if outcome.refused {
+            self.learn(&conn, |natives| *natives = Natives::default());
+        }
+        let again = async {
             // An extension refused by a plain command (the key missing, or another owner's)
             // runs again in the script, which sets a missing key again ("E") on a server out
             // of quarantine.
@@ -147,18 +166,16 @@ impl ServerLink {
                     }
                 }
             }
-            Ok::<_, NodeFailure>((replies, outcome))
+            replies
         };
-        let sent = tokio::select! {
+        let replies = tokio::select! {
             biased;
-            sent = sent => sent,
+            replies = again => Ok(replies),
             () = deadline.as_mut() => Err(NodeFailure::Timeout(timeout)),
         };
         self.plan = plan;
-        let (replies, outcome) = sent?;
-        if outcome.refused {
-            self.learn(&conn, |natives| *natives = Natives::default());
-        } else if outcome.released {
+        let replies = replies?;
+        if outcome.released && !outcome.refused {
             self.learn(&conn, |natives| natives.released = true);
         }
         // Best effort: a waiter that misses the mark or the message polls.
