@@ -78,6 +78,12 @@ async fn a_restarted_node_is_quarantined_and_cannot_hand_a_lock_out_twice() {
 
     let released_at = Instant::now();
     a.release().await.expect("A releases on nodes 0-1");
+    // release() returns once a majority answered (nodes 2-4 have no key of A's): wait for
+    // nodes 0 and 1 too (a CI run once saw node 0 still releasing when B asked).
+    assert!(
+        eventually(|| (0..2).all(|i| servers.get(i, RES).is_none())).await,
+        "A's keys released on nodes 0-1"
+    );
     let lock = b
         .try_acquire(&[RES], Duration::from_secs(5))
         .await
