@@ -16,9 +16,9 @@ use support::{DEADLINE, Launch, Servers, TestRedlock, eventually, redis8, valkey
 
 const TTL: Duration = Duration::from_secs(10);
 
-/// The node timeout of these tests: they count the commands each node ran, and a call that a
-/// loaded machine timed out would be resent (a refused plain release whose refusal was never
-/// read is tried plain again), so it is longer than `support::PATIENT`.
+/// The node timeout of these tests, longer than `support::PATIENT`: they count the commands
+/// each node ran, and a call that a loaded machine timed out would be resent (and counted
+/// twice).
 const NODE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A server with compare-and-delete, and its command.

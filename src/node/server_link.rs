@@ -111,13 +111,9 @@ impl ServerLink {
             answered = answered => answered,
             () = deadline.as_mut() => Err(NodeFailure::Timeout(timeout)),
         };
-        let mut outcome = match answered {
-            Ok(outcome) => outcome,
-            Err(failure) => {
-                self.plan = plan;
-                return Err(failure);
-            }
-        };
+        // Read: the plan's allocations are kept for the next batch.
+        self.plan = plan;
+        let mut outcome = answered?;
         // Learnt before the refused commands run again in the script, so that a deadline
         // passing meanwhile (and the resent release) does not try the refused command again.
         if outcome.refused {
@@ -173,7 +169,6 @@ impl ServerLink {
             replies = again => Ok(replies),
             () = deadline.as_mut() => Err(NodeFailure::Timeout(timeout)),
         };
-        self.plan = plan;
         let replies = replies?;
         if outcome.released && !outcome.refused {
             self.learn(&conn, |natives| natives.released = true);
