@@ -353,6 +353,13 @@ async fn waiter_hears_a_plain_release(kind: Kind) {
     prime(&holder).await;
     prime(&waiter).await;
     let held = holder.acquire(&["hot"], TTL).await.expect("holder");
+    // acquire() returns once a majority granted: the waiter must find the key on every node
+    // (a node where the holder's acquire was still on its way would grant the waiter there,
+    // and set no mark; a CI run on Redis 8.6 saw it).
+    assert!(
+        eventually(|| (0..3).all(|i| servers.get(i, "hot").as_deref() == Some(held.token()))).await,
+        "the holder's key on every node"
+    );
     let waiting = tokio::spawn(async move {
         let lock = waiter.acquire(&["hot"], TTL).await;
         (lock, Instant::now())
