@@ -234,24 +234,12 @@ async fn contending_holders_never_overlap() {
     );
 }
 
-/// A fair-mode manager polling every `delay`. With patient node calls: a call timed out on a
-/// loaded machine would cost a waiter its turn, which is not what these tests are about.
-fn fair(servers: &Servers, delay: Duration) -> Redlock {
-    servers
-        .builder()
-        .fair(true)
-        .node_timeout(support::PATIENT)
-        .backoff(Backoff::fixed(delay, Duration::ZERO).retries(200))
-        .build()
-        .expect("config")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_mode_serves_waiters_of_several_processes_in_arrival_order() {
     let servers = Servers::start(3);
     // Four managers, as four processes; they poll rarely, so order comes from the queue.
     let managers: Vec<Redlock> = (0..4)
-        .map(|_| fair(&servers, Duration::from_millis(400)))
+        .map(|_| servers.fair(Duration::from_millis(400)))
         .collect();
     for manager in &managers {
         support::warm_up(manager).await;
@@ -303,7 +291,7 @@ async fn fair_mode_serves_waiters_of_several_processes_in_arrival_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fair_queue_never_grants_past_a_waiter_ahead_until_its_lease_ends() {
     let servers = Servers::start(3);
-    let redlock = fair(&servers, Duration::from_millis(50));
+    let redlock = servers.fair(Duration::from_millis(50));
     support::warm_up(&redlock).await;
     // A waiter that took its place and crashed: ahead of everyone, lease 1.5 s.
     let lease_end: i64 = {
@@ -350,7 +338,7 @@ async fn fair_holders_across_processes_never_overlap_and_all_get_their_share() {
     const PER_TASK: usize = 10;
     let servers = Servers::start(3);
     let managers: Vec<Redlock> = (0..2)
-        .map(|_| fair(&servers, Duration::from_millis(200)))
+        .map(|_| servers.fair(Duration::from_millis(200)))
         .collect();
     for manager in &managers {
         support::warm_up(manager).await;

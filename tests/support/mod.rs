@@ -45,6 +45,18 @@ pub trait TestRedlock {
             .expect("valid test config")
     }
 
+    /// A fair-mode `Redlock` over every server polling every `delay` (200 retries). With
+    /// [`PATIENT`] node calls: a call timed out on a loaded machine would cost a waiter its
+    /// turn, which is not what fair-mode tests are about.
+    fn fair(&self, delay: Duration) -> Redlock {
+        self.builder()
+            .fair(true)
+            .node_timeout(PATIENT)
+            .backoff(redfence::Backoff::fixed(delay, Duration::ZERO).retries(200))
+            .build()
+            .expect("valid test config")
+    }
+
     /// A `Redlock` over every server that makes one attempt per acquisition (no retry), each
     /// node call bounded by `node_timeout`: one answer per node, as the test set it up.
     fn one_attempt(&self, node_timeout: Duration) -> Redlock {
