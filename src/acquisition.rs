@@ -56,7 +56,7 @@ pub(crate) async fn acquire(
     // answer at once), and not in fair mode (the first attempt takes this waiter's place in
     // the nodes' queues).
     if let Some(turn) = &turn
-        && !config.fair
+        && !target.fair
         && turn.held_here()
         && let Some(delay) = config.backoff.delays().next()
     {
@@ -220,7 +220,7 @@ struct Place {
 impl Place {
     fn take(shared: &Arc<Shared>, target: &Target) -> Place {
         let config = &shared.config;
-        let ticket = config.fair.then(|| {
+        let ticket = target.fair.then(|| {
             let lease = config
                 .backoff
                 .longest_delay()
@@ -318,6 +318,7 @@ async fn attempt_as(
 ) -> Result<Acquired, Failed> {
     let config = &shared.config;
     let fence_on: Option<&[String]> = match rw.as_deref().map(|rw| rw.mode) {
+        _ if !target.fenced => None,
         None => Some(&target.resources),
         Some(RwMode::Write) => Some(&target.resources[..1]),
         Some(RwMode::Read) => None,

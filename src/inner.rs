@@ -58,6 +58,30 @@ pub(crate) struct Target {
     pub(crate) resources: Arc<[String]>,
     pub(crate) keys: Arc<[String]>,
     pub(crate) ttl: Duration,
+    /// Whether its acquisition takes a place in the nodes' fair queues: the builder's `fair`,
+    /// unless a primitive orders its waiters another way (a semaphore's slots).
+    pub(crate) fair: bool,
+    /// Whether a granted lock asks the fencing counter, if any, for a token: yes, unless the
+    /// lock guards no writes (a semaphore's line).
+    pub(crate) fenced: bool,
+}
+
+impl Target {
+    /// The same request outside the nodes' fair queues.
+    pub(crate) fn unqueued(self) -> Target {
+        Target {
+            fair: false,
+            ..self
+        }
+    }
+
+    /// The same request without a fencing token.
+    pub(crate) fn unfenced(self) -> Target {
+        Target {
+            fenced: false,
+            ..self
+        }
+    }
 }
 
 /// One lock as the nodes know it: its keys, owner token and TTL.
@@ -169,6 +193,8 @@ impl Shared {
             keys,
             resources: names.into(),
             ttl,
+            fair: config.fair,
+            fenced: true,
         })
     }
 

@@ -2,6 +2,7 @@
 //! (but `Redlock::builder`, declared in builder/mod.rs, and `Redlock::election`, declared in
 //! election/builder.rs, beside the builders they return).
 
+use std::convert::identity;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use tracing::Instrument;
 use crate::acquisition;
 use crate::clock;
 use crate::error::Error;
-use crate::inner::Shared;
+use crate::inner::{Shared, Target};
 use crate::inspect::{self, Inspection, NodeCheck};
 use crate::lock::Lock;
 use crate::metrics::{Tries, TypeLabel};
@@ -116,7 +117,7 @@ impl Redlock {
         resources: &[impl AsRef<str>],
         ttl: Duration,
     ) -> Result<Lock, Error> {
-        self.acquire_traced(resources, ttl, true).await
+        self.acquire_traced(resources, ttl, true, identity).await
     }
 
     /// Makes exactly one attempt to acquire a lock; the same as [`acquire`](Self::acquire)
@@ -127,15 +128,17 @@ impl Redlock {
         resources: &[impl AsRef<str>],
         ttl: Duration,
     ) -> Result<Lock, Error> {
-        self.acquire_traced(resources, ttl, false).await
+        self.acquire_traced(resources, ttl, false, identity).await
     }
 
-    /// `acquire` (with `retry`) or `try_acquire`, in a `redfence.acquire` span, with metrics.
-    async fn acquire_traced(
+    /// `acquire` (with `retry`) or `try_acquire`, in a `redfence.acquire` span, with metrics;
+    /// `shape` adjusts the validated request (a primitive's own locks: see [`Target`]).
+    pub(crate) async fn acquire_traced(
         &self,
         resources: &[impl AsRef<str>],
         ttl: Duration,
         retry: bool,
+        shape: impl FnOnce(Target) -> Target,
     ) -> Result<Lock, Error> {
         let span = trace::acquire_span(resources, self.quorum());
         let started = clock::now();
@@ -143,7 +146,7 @@ impl Redlock {
         let mut ty = TypeLabel::other();
         let mut tries = Tries::default();
         let result = async {
-            let target = shared.target(resources, ttl)?;
+            let target = shape(shared.target(resources, ttl)?);
             ty = TypeLabel::of_lock(&shared.config.resource_type, &target.resources);
             if retry {
                 acquisition::acquire(shared, &target, &mut tries).await
@@ -305,7 +308,7 @@ impl Redlock {
             let policy = using::Policy::checked(config, ttl);
             let lock = match policy {
                 Ok(policy) => self
-                    .acquire_traced(resources, ttl, true)
+                    .acquire_traced(resources, ttl, true, identity)
                     .await
                     .map(|lock| (lock, policy)),
                 Err(error) => Err(error.into()),

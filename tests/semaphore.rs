@@ -9,6 +9,8 @@ use redfence::{Error, InvalidInput, MAX_PERMITS, Redlock};
 use support::{PATIENT, Servers, TestRedlock, eventually};
 
 const TTL: Duration = Duration::from_secs(5);
+/// Permits held for a whole test.
+const LONG: Duration = Duration::from_secs(60);
 
 fn invalid<T: std::fmt::Debug>(result: Result<T, Error>) -> InvalidInput {
     match result {
@@ -90,8 +92,8 @@ async fn never_more_than_k_valid_permits_at_one_instant() {
     at_most_k_permits(false).await;
 }
 
-/// The same in fair mode, where each slot's try takes its turn in the slot's queue on the
-/// nodes (and leaves it when refused): no waiter stays stuck in a slot's queue.
+/// The same in fair mode, where the waiters take turns through the semaphore's line and its
+/// holder alone goes round the slots.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_more_than_k_valid_permits_in_fair_mode() {
     at_most_k_permits(true).await;
@@ -484,5 +486,115 @@ async fn waiters_are_woken_by_a_release_and_served_in_order() {
         .expect("the second waiter is woken by its process's release")
         .expect("task")
         .expect("acquire");
+    permit.release().await.expect("release");
+}
+
+/// Fair mode across processes: eight waiters, each with its own client (as eight processes)
+/// and starting once the one before has its place in the semaphore's line on every node, get
+/// their permits in that order. They poll rarely (every 400 ms), so the order comes from the
+/// line: its holder goes round the slots, the others wait their turn in the nodes' queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_mode_serves_waiters_of_several_processes_in_arrival_order() {
+    let servers = Servers::start(3);
+    let clients: Vec<Redlock> = (0..8)
+        .map(|_| servers.fair(Duration::from_millis(400)))
+        .collect();
+    for client in &clients {
+        support::warm_up(client).await;
+    }
+    // Both permits held by a client outside fair mode: one for the whole test, one released
+    // when every waiter is in line.
+    let other = servers.patient().semaphore("fair", 2).expect("semaphore");
+    let kept = other.acquire(LONG).await.expect("first permit");
+    let first = other.acquire(LONG).await.expect("second permit");
+    let queue = "fair:semaphore:line:redfence:queue";
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for (i, client) in clients.iter().enumerate() {
+        let sem = client.semaphore("fair", 2).expect("semaphore");
+        let order = Arc::clone(&order);
+        waiters.push(tokio::spawn(async move {
+            let permit = sem.acquire(TTL).await.expect("every waiter gets a permit");
+            order.lock().expect("order").push(i);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            permit.release().await.expect("release");
+        }));
+        // Waiter i has its place on every node before waiter i + 1 starts (the line's holder,
+        // waiter 0 going round, stays at the head until it releases the line). Its place is
+        // taken when it first asks for the line, after a round trip to claim the size, so
+        // waiters started together could take theirs in any order.
+        let places = i as i64 + 1;
+        let in_line = || (0..3).all(|n| servers.cmd::<i64>(n, &["ZCARD", queue]) == places);
+        assert!(
+            eventually(in_line).await,
+            "waiter {i} did not take its place"
+        );
+    }
+    // Waiter 0 went round the slots and waits for a release.
+    assert!(
+        eventually(|| (0..3).all(|n| servers.get(n, "fair:semaphore:line").is_some())).await,
+        "waiter 0 holds the line"
+    );
+    first.release().await.expect("release");
+    for waiter in waiters {
+        tokio::time::timeout(Duration::from_secs(60), waiter)
+            .await
+            .expect("the waiters are served in time")
+            .expect("waiter");
+    }
+    assert_eq!(*order.lock().expect("order"), (0..8).collect::<Vec<_>>());
+    kept.release().await.expect("release");
+    // The line was left (its queue too) and every slot released: only the size key is left
+    // on each node, and waiting marks, which expire on their own (a line granted by a
+    // majority while a straggler refused it leaves the straggler's mark).
+    let left = |n| {
+        let mut keys = servers.keys(n);
+        keys.retain(|key| !key.ends_with(":redfence:waiting"));
+        keys
+    };
+    assert!(
+        eventually(|| (0..3).all(|n| left(n) == ["fair:semaphore:size"])).await,
+        "keys left: {:?}",
+        (0..3).map(left).collect::<Vec<_>>()
+    );
+}
+
+/// In fair mode a `try_acquire` respects the line: with a waiter in line (here going round
+/// the full slots), it is refused on the line's name, although a try of the slots alone
+/// would have found none free either way; once nobody waits, it gets a free slot at once.
+#[tokio::test]
+async fn a_fair_try_acquire_does_not_pass_a_waiter_in_line() {
+    let servers = Servers::start(3);
+    let client = servers.fair(Duration::from_millis(50));
+    let sem = client.semaphore("queued", 1).expect("semaphore");
+    let held = sem.acquire(TTL).await.expect("the permit");
+    let waiter = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire(TTL).await }
+    });
+    assert!(
+        eventually(|| (0..3).all(|n| servers.get(n, "queued:semaphore:line").is_some())).await,
+        "the waiter holds the line"
+    );
+    match sem.try_acquire(TTL).await {
+        Err(Error::Contended { resources, .. }) => {
+            assert_eq!(resources, ["queued:semaphore:line"]);
+        }
+        other => panic!("a try passed the waiter in line: {other:?}"),
+    }
+    held.release().await.expect("release");
+    let permit = tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("the waiter is served")
+        .expect("task")
+        .expect("acquire");
+    assert_eq!(permit.slot(), 0);
+    permit.release().await.expect("release");
+    // Nobody waits: a try takes the line and the free slot, and gives the line up.
+    let permit = sem.try_acquire(TTL).await.expect("a free slot");
+    assert!(
+        eventually(|| (0..3).all(|n| servers.get(n, "queued:semaphore:line").is_none())).await,
+        "the line was given up with the permit"
+    );
     permit.release().await.expect("release");
 }

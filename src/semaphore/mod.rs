@@ -13,6 +13,7 @@
 //! - `<name>:semaphore:slot:<i>`, `i` in `0..K`: slot `i`'s lock key (and its helper keys
 //!   beside it, as for any lock). Its resource name is the same string.
 //! - `<name>:semaphore:size`: the number of permits, as decimal digits (see [`size`]).
+//! - `<name>:semaphore:line`: in fair mode, the lock whose holder goes round the slots.
 //!
 //! Do not lock these names as mutexes yourself. A refused try of a slot leaves the slot's
 //! waiting mark (`<slot key>:redfence:waiting`, expiring on its own), as any refused lock
@@ -35,9 +36,24 @@
 //! all asking for slot 0; when all are taken it waits the Redlock's retry delay
 //! ([`Backoff`](crate::Backoff)) and goes round again, within `retry_count` and
 //! `acquire_timeout`. Waiters of one `Redlock` take turns, as a mutex's do: only the head
-//! of the process's line for the semaphore goes round. The wait ends early when any slot is released: each refused try marked
-//! its slot, so its release is announced (the mutex's notified hand-off, watched for all the
-//! slots at once), and a permit of this process released wakes its waiters at once.
+//! of the process's line for the semaphore goes round. The wait ends early when any slot is
+//! released: each refused try marked its slot, so its release is announced (the mutex's
+//! notified hand-off, watched for all the slots at once), and a permit of this process
+//! released wakes its waiters at once.
+//!
+//! **Fair mode** ([`RedlockBuilder::fair`](crate::RedlockBuilder::fair)): waiters of every
+//! process take turns too, in the order they started waiting. A waiter first takes the
+//! semaphore's line, `<name>:semaphore:line`: an ordinary fair lock (the nodes' queue orders
+//! its waiters across processes), without a fencing token, kept alive by the lease keeper for
+//! as long as its holder goes round. Its holder alone goes round the slots (outside the slots'
+//! own queues), and releases the line once it has a permit, or has given up; the next waiter
+//! in line is then told. Waiting for the line and going round each have the retry budget;
+//! `acquire_timeout` bounds both together. A `try_acquire` tries the line once, so a waiter
+//! ahead makes it [`Error::Contended`] (on the line's name). The line orders; it is not the
+//! safety argument: a holder whose line expired (a stalled process) only costs the order, as
+//! each slot is still a Redlock mutex. The line is held for at least a second above the
+//! extension threshold, and its extensions are not bound by `max_extensions` or `max_hold`
+//! (a permit's are); a process that died holding it delays the next waiter by its TTL.
 
 mod permit;
 mod size;
@@ -45,7 +61,7 @@ mod size;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::Rng;
 
@@ -53,9 +69,10 @@ pub use permit::Permit;
 
 use crate::acquisition::line_up;
 use crate::clock;
+use crate::config::Config;
 use crate::error::{Error, InvalidInput};
 use crate::hand_off::Watch;
-use crate::inner::validate_ttl;
+use crate::inner::{MAX_TTL, Target, validate_ttl};
 use crate::inspect::Inspection;
 use crate::redlock::Redlock;
 use crate::using::{self, Signal};
@@ -74,6 +91,13 @@ const CHECK_TTL: Duration = Duration::from_secs(60);
 /// Every client of one semaphore must use the same number of permits: the first acquisition
 /// stores it on the nodes, and a client with another number is refused with
 /// [`Error::SemaphoreSize`].
+///
+/// In fair mode ([`RedlockBuilder::fair`](crate::RedlockBuilder::fair)) permits go out in the
+/// order the waiters came, across processes: a waiter first takes the semaphore's line,
+/// `<name>:semaphore:line`, a fair lock without a fencing token kept alive while its holder
+/// alone goes round the slots, and released with the permit. Waiting for the line and going
+/// round each have the retry budget; `acquire_timeout` bounds both. The line only orders: a
+/// holder whose line expired costs the order, never the bound of K.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -97,6 +121,8 @@ pub struct Semaphore {
     permits: u32,
     /// The resource name of each slot.
     slots: Arc<[String]>,
+    /// The resource name of the line (fair mode).
+    line: Arc<str>,
     /// The size key, with the key prefix.
     size_key: Arc<str>,
 }
@@ -140,6 +166,8 @@ impl Redlock {
         if let Some(longest) = slots.last() {
             shared.target(&[longest], CHECK_TTL)?;
         }
+        let line = format!("{name}:semaphore:line");
+        shared.target(&[&line], CHECK_TTL)?;
         let size_name = format!("{name}:semaphore:size");
         let size_key = shared.keys(&[size_name]);
         shared.one_call_each(&size_key)?;
@@ -148,9 +176,21 @@ impl Redlock {
             name: Arc::from(name),
             permits,
             slots,
+            line: Arc::from(line),
             size_key: Arc::from(size_key[0].as_str()),
         })
     }
+}
+
+/// The line's TTL in fair mode: the permit's, or more where the lease keeper needs it (a
+/// second of validity above the extension threshold, whatever the drift factor).
+fn line_ttl(config: &Config, ttl: Duration) -> Duration {
+    let least = config
+        .extension_threshold
+        .saturating_add(Duration::from_millis(1002))
+        .as_secs_f64()
+        / (1.0 - config.drift_factor);
+    ttl.max(Duration::try_from_secs_f64(least).unwrap_or(MAX_TTL))
 }
 
 /// The resource name of slot `slot` of semaphore `name`.
@@ -203,18 +243,22 @@ impl Semaphore {
     /// - [`Error::InvalidInput`] for a TTL a lock would refuse; nothing is sent.
     /// - [`Error::SemaphoreSize`] when the nodes store another number of permits.
     /// - [`Error::Contended`] (for the last slot tried) when every slot was still held after
-    ///   the last retry.
+    ///   the last retry; in fair mode also (for `<name>:semaphore:line`) when waiters ahead
+    ///   kept the line that long.
     /// - [`Error::QuorumUnreachable`], [`Error::NoValidity`], [`Error::AcquireTimeout`],
     ///   [`Error::Fencing`], [`Error::Closed`] as for [`Redlock::acquire`].
     pub async fn acquire(&self, ttl: Duration) -> Result<Permit, Error> {
         self.acquire_with(ttl, true).await
     }
 
-    /// Makes one attempt: tries every slot once, from a random one, without retries.
+    /// Makes one attempt: tries every slot once, from a random one, without retries. In fair
+    /// mode it first tries the semaphore's line once (see [`Semaphore`]), so that it does not
+    /// pass a waiter in line.
     ///
     /// # Errors
     ///
-    /// As [`acquire`](Self::acquire); [`Error::Contended`] when every slot is held.
+    /// As [`acquire`](Self::acquire); [`Error::Contended`] when every slot is held, or in
+    /// fair mode when the line is (naming `<name>:semaphore:line`).
     pub async fn try_acquire(&self, ttl: Duration) -> Result<Permit, Error> {
         self.acquire_with(ttl, false).await
     }
@@ -223,14 +267,35 @@ impl Semaphore {
         let shared = self.redlock.shared();
         let config = &shared.config;
         validate_ttl(ttl, config.drift_factor)?;
+        // Fair mode: the line's TTL and lease, checked before any traffic.
+        let line = if config.fair {
+            let line_ttl = validate_ttl(line_ttl(config, ttl), config.drift_factor)?;
+            Some((line_ttl, using::Policy::unbounded(config, line_ttl)?))
+        } else {
+            None
+        };
         let started = clock::now();
         let deadline = config.acquire_timeout.and_then(|t| started.checked_add(t));
-        let mut delays = config.backoff.delays();
-        let mut attempts: u32 = 0;
         // Once per call: the size cannot change while a majority stores ours (refreshed here).
         size::claim(shared, &self.name, &self.size_key, self.permits, ttl).await?;
+        if let Some((line_ttl, policy)) = line {
+            // Across processes, waiters take turns through the line lock, granted in the
+            // order they asked (the nodes' fair queue, and this process's line before it);
+            // its holder alone goes round the slots, and gives the line up with its permit.
+            let line = self
+                .redlock
+                .acquire_traced(&[&*self.line], line_ttl, retry, Target::unfenced)
+                .await?;
+            // Going round has a retry budget of its own: waiting for the line took the first.
+            let delays = config.backoff.delays();
+            return using::scope(line, policy, config, &shared.tasks, |_| {
+                self.go_round(ttl, retry, delays, started, deadline)
+            })
+            .await;
+        }
         // Waiters of this process take turns (FIFO, a line named after the size key), as a
         // mutex's waiters do: only the head of the line tries the slots.
+        let mut delays = config.backoff.delays();
         let turn = if retry {
             let line = [self.size_key.to_string()];
             line_up(shared, &line, &mut delays, deadline, started)
@@ -239,6 +304,24 @@ impl Semaphore {
         } else {
             None
         };
+        self.go_round(ttl, turn.is_some(), delays, started, deadline)
+            .await
+    }
+
+    /// Goes round the slots, one try each from a random one, until one is granted; when all
+    /// are taken and `retry` (this waiter has its turn), waits the next of `delays` or until
+    /// a slot is released, and goes round again, within `delays` and the deadline.
+    async fn go_round(
+        &self,
+        ttl: Duration,
+        retry: bool,
+        mut delays: impl Iterator<Item = Duration>,
+        started: Instant,
+        deadline: Option<Instant>,
+    ) -> Result<Permit, Error> {
+        let shared = self.redlock.shared();
+        let config = &shared.config;
+        let mut attempts: u32 = 0;
         let mut watch: Option<Watch> = None;
         // The last refusal, kept across rounds: a round cut short by the deadline still says
         // what the nodes answered before.
@@ -261,7 +344,12 @@ impl Semaphore {
                 let slot = (first + offset) % self.permits;
                 let resource = &self.slots[slot as usize];
                 attempts += 1;
-                match self.redlock.try_acquire(&[resource], ttl).await {
+                // Outside the slots' fair queues: whoever goes round already has its turn.
+                let tried = self
+                    .redlock
+                    .acquire_traced(&[resource], ttl, false, Target::unqueued)
+                    .await;
+                match tried {
                     Ok(lock) => return Ok(Permit::new(lock, slot)),
                     Err(error) if error.is_retryable() => last = Some(error),
                     Err(error) => return Err(error),
@@ -270,13 +358,13 @@ impl Semaphore {
             // Every slot was tried (K >= 1), and each try that did not return set `last`.
             // The first refusal of a waiter that may retry: watch from now on, and go round once
             // more at once (a release between the round and the watch would have woken nobody).
-            if watch.is_none() && turn.is_some() && config.backoff.max_retries() > 0 {
+            if watch.is_none() && retry && config.backoff.max_retries() > 0 {
                 watch = Some(shared.hand_off.watch_any(&shared.keys(&self.slots)));
                 continue;
             }
             // Out of turn (the line took the retries): that was the last round.
             let delay = match delays.next() {
-                Some(delay) if turn.is_some() => delay,
+                Some(delay) if retry => delay,
                 _ => return Err(last.unwrap_or(Error::Closed)),
             };
             let wake = clock::now() + delay;

@@ -38,6 +38,24 @@ impl Policy {
 
     /// The policy for a `using()` lock of `ttl` (already validated by `Redlock::target`).
     pub(crate) fn new(config: &Config, ttl: Duration) -> Result<Policy, InvalidInput> {
+        let policy = Policy::unbounded(config, ttl)?;
+        // A first lease longer than max_hold would outlive the bound before any extension.
+        if let Some(max_hold) = config.max_hold
+            && ttl > max_hold
+        {
+            return Err(InvalidInput::TtlAboveMaxHold { ttl, max_hold });
+        }
+        Ok(Policy {
+            max_extensions: config.max_extensions,
+            max_hold: config.max_hold,
+            ..policy
+        })
+    }
+
+    /// The same policy without the builder's renewal bounds (`max_extensions`, `max_hold`):
+    /// for a lock that a primitive holds for its own bookkeeping and bounds itself (a
+    /// semaphore's line, held while its waiter's retries last).
+    pub(crate) fn unbounded(config: &Config, ttl: Duration) -> Result<Policy, InvalidInput> {
         let threshold = config.extension_threshold;
         let drift = quorum::drift(ttl, config.drift_factor);
         // The most validity a lock of this TTL can have; it must leave room above the
@@ -50,12 +68,6 @@ impl Policy {
                 drift,
             });
         }
-        // A first lease longer than max_hold would outlive the bound before any extension.
-        if let Some(max_hold) = config.max_hold
-            && ttl > max_hold
-        {
-            return Err(InvalidInput::TtlAboveMaxHold { ttl, max_hold });
-        }
         Ok(Policy {
             ttl,
             threshold,
@@ -65,8 +77,8 @@ impl Policy {
             retry_interval: (threshold / 5)
                 .min(config.node_timeout)
                 .max(MIN_RETRY_INTERVAL),
-            max_extensions: config.max_extensions,
-            max_hold: config.max_hold,
+            max_extensions: None,
+            max_hold: None,
         })
     }
 }

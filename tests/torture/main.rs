@@ -308,7 +308,7 @@ async fn torture(cluster: &mut dyn Cluster, clocks: Option<&Clocks>, name: &str)
         figures: Figures::default(),
         stop: AtomicBool::new(false),
     });
-    let counter: Arc<dyn FencingCounter> = Arc::new(MemoryCounter::new());
+    let counter = memory_counter();
     let workers: Vec<_> = (0..WORKERS)
         .map(|i| {
             let (urls, counter, shared) =
@@ -393,15 +393,23 @@ async fn local_servers(name: &str) -> (LocalCluster, Option<Clocks>) {
     }
 }
 
+/// One in-memory fencing counter, to share between every worker of a run (tokens of two
+/// counters would repeat).
+fn memory_counter() -> Arc<dyn FencingCounter> {
+    Arc::new(MemoryCounter::new())
+}
+
 /// The `Redlock` of a side workload's workers (semaphore, read-write lock), set up as the main
-/// run's: a short node timeout, the restart quarantine, a fencing counter, quick retries.
-fn side_redlock(cluster: &dyn Cluster) -> Redlock {
+/// run's: a short node timeout, the restart quarantine, `counter` (the one counter of every
+/// worker), quick retries; `fair` ones queue on the nodes.
+fn side_redlock(cluster: &dyn Cluster, fair: bool, counter: &Arc<dyn FencingCounter>) -> Redlock {
     Redlock::builder()
         .nodes(cluster.urls())
+        .fair(fair)
         .node_timeout(Duration::from_millis(100))
         .automatic_extension_threshold(THRESHOLD)
         .restart_quarantine(RESTART_QUARANTINE)
-        .fencing(MemoryCounter::new())
+        .fencing(Arc::clone(counter))
         .retry_count(50)
         .retry_delay(Duration::from_millis(20))
         .retry_jitter(Duration::from_millis(20))

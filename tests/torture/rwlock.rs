@@ -123,7 +123,7 @@ fn the_check_finds_a_writer_beside_a_reader() {
 async fn torture_local_rwlock() {
     let _turn = super::ONE_AT_A_TIME.lock().await;
     let (mut cluster, clocks) = super::local_servers(NAME).await;
-    let redlock = super::side_redlock(&cluster);
+    let redlock = super::side_redlock(&cluster, false, &super::memory_counter());
     let record = Arc::new(Record::default());
     let workers: Vec<_> = (0..WORKERS)
         .map(|_| tokio::spawn(worker(redlock.clone(), Arc::clone(&record))))

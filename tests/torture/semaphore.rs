@@ -1,10 +1,10 @@
-//! The semaphore torture run: 16 workers share K = 3 permits through `Semaphore::using` on
-//! five nodes, under the main run's fault schedule (kills, pauses, cuts, restarts without
-//! persistence on one node or a majority in sequence, clock faults where clocks can be faked).
-//! Each worker records the window in which its permit was valid (from the routine's start to
-//! its end, kept only if the signal had not aborted by then); the check is that no instant lies
-//! in more than K windows, except inside a fault window the main run excuses too (never after a
-//! restart: the workers' restart quarantine must prevent it).
+//! The semaphore torture run: 16 workers (half in fair mode, waiting in the semaphore's line) share
+//! K = 3 permits through `Semaphore::using` on five nodes, under the main run's fault schedule
+//! (kills, pauses, cuts, restarts without persistence on one node or a majority in sequence, clock
+//! faults where clocks can be faked). Each worker records the window in which its permit was valid
+//! (from the routine's start to its end, kept only if the signal had not aborted by then); the
+//! check is that no instant lies in more than K windows, except inside a fault window the main run
+//! excuses too (never after a restart: the workers' restart quarantine must prevent it).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -114,10 +114,15 @@ fn the_check_finds_more_than_k_at_once() {
 async fn torture_local_semaphore() {
     let _turn = super::ONE_AT_A_TIME.lock().await;
     let (mut cluster, clocks) = super::local_servers(NAME).await;
-    let redlock = super::side_redlock(&cluster);
+    // Half the workers wait in the semaphore's line (fair mode), half go round at will.
+    let counter = super::memory_counter();
+    let redlocks = [
+        super::side_redlock(&cluster, false, &counter),
+        super::side_redlock(&cluster, true, &counter),
+    ];
     let record = Arc::new(Record::default());
     let workers: Vec<_> = (0..WORKERS)
-        .map(|_| tokio::spawn(worker(redlock.clone(), Arc::clone(&record))))
+        .map(|i| tokio::spawn(worker(redlocks[i % 2].clone(), Arc::clone(&record))))
         .collect();
     let faults = super::side_faults(&mut cluster, clocks.as_ref(), &record.stop, workers).await;
     let windows = record.windows.lock().expect("windows").clone();
@@ -152,5 +157,7 @@ async fn torture_local_semaphore() {
     );
     assert!(windows.len() > 50, "too little work to judge");
     assert!(most >= 2, "permits never ran side by side");
-    redlock.close().await;
+    for redlock in redlocks {
+        redlock.close().await;
+    }
 }
