@@ -73,6 +73,16 @@ pub(crate) async fn acquire(
             shared.check_open()?;
         }
     }
+    // A hot resource (subscribed already): watch from the first attempt on, so that a release
+    // between its refusal and the watch is not missed (in fair mode the release names the
+    // next waiter once; missed, it would sleep a whole retry delay). Otherwise the watch
+    // starts after the first refusal, as subscribing costs a command per node.
+    if watch.is_none()
+        && let Some(turn) = &turn
+        && config.backoff.max_retries() > 0
+    {
+        watch = shared.hand_off.watch_subscribed(turn, place.waiter());
+    }
     loop {
         if let Some(watch) = &watch {
             watch.reset();

@@ -150,6 +150,19 @@ impl HandOff {
         self.watch_users(keys, waiter)
     }
 
+    /// Watches the keys as [`watch`](Self::watch) does, if every one is subscribed already
+    /// (a resource in use here within [`IDLE`]), so that nothing is sent: the head of a line
+    /// then watches from its first attempt on, and a release during that attempt (between
+    /// the refusal and the watch) is not missed. `None` otherwise.
+    pub(crate) fn watch_subscribed(&self, turn: &Turn, waiter: Option<Arc<str>>) -> Option<Watch> {
+        let subscribed = turn
+            .keys
+            .keys
+            .iter()
+            .all(|state| state.subscribed.load(Ordering::SeqCst));
+        subscribed.then(|| self.watch(turn, waiter))
+    }
+
     /// Watches keys of which any one's release may let the caller in (a semaphore's slots),
     /// without a turn in their lines. The releases of different keys add up towards the
     /// majority, so a wake is a hint to try again, as every wake is.

@@ -146,3 +146,28 @@ fn a_fair_waiter_counts_only_messages_that_name_it_or_nobody() {
         "its turn on a majority"
     );
 }
+
+/// A head watches from its first attempt only where the keys are subscribed already (nothing
+/// to send), and then a release during that attempt counts once the attempt is refused.
+#[tokio::test(start_paused = true)]
+async fn a_subscribed_key_is_watched_before_the_first_attempt() {
+    let hand_off = hand_off();
+    let turn = hand_off.turn(&keys(&["a"])).await;
+    assert!(
+        hand_off.watch_subscribed(&turn, None).is_none(),
+        "a key nobody watched is not subscribed: watching it would send a command"
+    );
+    // Another waiter's watch subscribed the key (it stays subscribed for IDLE).
+    let other = hand_off.watch(&turn, None);
+    drop(other);
+    let watch = hand_off
+        .watch_subscribed(&turn, None)
+        .expect("a subscribed key is watched at once");
+    watch.reset();
+    // The release arrives while the attempt is in flight, on a majority of the three nodes.
+    hand_off.state.released("a", 0, "");
+    hand_off.state.released("a", 1, "");
+    tokio::time::timeout(Duration::from_secs(1), watch.released())
+        .await
+        .expect("the release during the attempt is not missed");
+}
