@@ -4,9 +4,13 @@
 //! front): the same capacity, but a waiter knows which lock to wait for and is told when it
 //! is free, where a semaphore's waiter must find a free slot.
 //!
-//! Figures: permits granted per second against the ideal (K / HOLD), the wait p50/p99, the
-//! most holders seen at one instant (by validity windows: at most K), and the ratios of the
-//! semaphore to the split mutexes.
+//! The semaphore runs three times: its tasks on one client, spread over four clients (as four
+//! processes, whose waiters do not take turns with each other's), and over four clients in fair
+//! mode (the waiters of all four take turns through the semaphore's line).
+//!
+//! Figures: permits granted per second against the ideal (K / HOLD), the wait p50/p99/max, the
+//! most holders seen at one instant (by validity windows: at most K), and each side's ratio to
+//! the split mutexes.
 
 use super::*;
 
@@ -57,12 +61,13 @@ enum Side {
     SplitMutexes,
 }
 
-async fn run(redlock: &Redlock, side: Side, name: &str) -> Report {
+/// Runs `side` for the scenario's seconds, task `i` on client `i mod clients.len()`.
+async fn run(clients: &[Redlock], side: Side, name: &str) -> Report {
     let until = Instant::now() + Duration::from_secs(seconds());
-    let semaphore = redlock.semaphore(name, PERMITS).expect("semaphore");
     let tasks: Vec<_> = (0..TASKS)
         .map(|task| {
-            let (redlock, semaphore) = (redlock.clone(), semaphore.clone());
+            let redlock = clients[task % clients.len()].clone();
+            let semaphore = redlock.semaphore(name, PERMITS).expect("semaphore");
             let mutex = format!("{name}:mutex:{}", task % PERMITS as usize);
             tokio::spawn(async move {
                 let mut report = Report::default();
@@ -108,22 +113,37 @@ async fn run(redlock: &Redlock, side: Side, name: &str) -> Report {
     all
 }
 
-/// Runs both sides on `urls`, the semaphore first, and prints them side by side.
-pub async fn scenario(urls: &[String]) {
-    let redlock = Redlock::builder()
+/// A client for the scenario: waiters keep trying for the whole run, with the default delays.
+fn client(urls: &[String], fair: bool) -> Redlock {
+    Redlock::builder()
         .nodes(urls.to_vec())
-        // Waiters keep trying for the whole run, with the default delays.
+        .fair(fair)
         .backoff(redfence::Backoff::DEFAULT.retries(10_000))
         .build()
-        .expect("config");
+        .expect("config")
+}
+
+/// Runs every side on `urls`, the semaphore's first, and prints them side by side.
+pub async fn scenario(urls: &[String]) {
+    let one = [client(urls, false)];
+    let four: Vec<Redlock> = (0..4).map(|_| client(urls, false)).collect();
+    let fair: Vec<Redlock> = (0..4).map(|_| client(urls, true)).collect();
     let stamp = format!("{:?}", Instant::now()).replace(|c: char| !c.is_ascii_digit(), "");
-    let semaphore = run(&redlock, Side::Semaphore, &format!("bench:sema:{stamp}")).await;
-    let split = run(
-        &redlock,
-        Side::SplitMutexes,
-        &format!("bench:split:{stamp}"),
-    )
-    .await;
+    let sides = [
+        (
+            "1 client",
+            run(&one, Side::Semaphore, &format!("bench:sema:{stamp}")).await,
+        ),
+        (
+            "4 clients",
+            run(&four, Side::Semaphore, &format!("bench:sema4:{stamp}")).await,
+        ),
+        (
+            "4 fair",
+            run(&fair, Side::Semaphore, &format!("bench:semaf:{stamp}")).await,
+        ),
+    ];
+    let split = run(&one, Side::SplitMutexes, &format!("bench:split:{stamp}")).await;
     let secs = seconds() as f64;
     let ideal = f64::from(PERMITS) / HOLD.as_secs_f64();
     println!(
@@ -131,34 +151,44 @@ pub async fn scenario(urls: &[String]) {
         HOLD.as_millis(),
         seconds()
     );
-    println!(
-        "{:<28} {:>14} {:>14} {:>8}",
-        "measure", "semaphore", "8 mutexes", "ratio"
-    );
-    let (a, b) = (
-        semaphore.holds.len() as f64 / secs,
-        split.holds.len() as f64 / secs,
-    );
-    println!("{:<28} {:>14.0} {:>14.0} {:>7.2}x", "grants/s", a, b, a / b);
-    println!(
-        "{:<28} {:>13.0}% {:>13.0}%",
-        "of the ideal",
-        100.0 * a / ideal,
-        100.0 * b / ideal
-    );
-    let (sa, sb) = (stats(semaphore.waits.clone()), stats(split.waits.clone()));
-    for (q, x, y) in [("wait p50", sa.p50, sb.p50), ("wait p99", sa.p99, sb.p99)] {
-        println!(
-            "{q:<28} {:>14} {:>14} {:>7.2}x",
-            format!("{:.1} ms", x.as_secs_f64() * 1e3),
-            format!("{:.1} ms", y.as_secs_f64() * 1e3),
-            x.as_secs_f64() / y.as_secs_f64()
-        );
+    println!("each semaphore side's figure, then its ratio to 8 split mutexes (1 client):");
+    print!("{:<22}", "measure");
+    for (label, _) in &sides {
+        print!(" {label:>20}");
     }
-    println!(
-        "{:<28} {:>14} {:>14}",
-        "most holders at once",
-        semaphore.most_at_once(),
-        split.most_at_once()
-    );
+    println!(" {:>12}", "8 mutexes");
+    let rate = |r: &Report| r.holds.len() as f64 / secs;
+    print!("{:<22}", "grants/s");
+    for (_, report) in &sides {
+        let cell = format!("{:.0} ({:.2}x)", rate(report), rate(report) / rate(&split));
+        print!(" {cell:>20}");
+    }
+    println!(" {:>12.0}", rate(&split));
+    print!("{:<22}", "of the ideal");
+    for (_, report) in &sides {
+        print!(" {:>19.0}%", 100.0 * rate(report) / ideal);
+    }
+    println!(" {:>11.0}%", 100.0 * rate(&split) / ideal);
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    // Each side's wait p50, p99 and max.
+    let waits = |r: &Report| {
+        let quantiles = stats(r.waits.clone());
+        let max = r.waits.iter().copied().max().unwrap_or_default();
+        [quantiles.p50, quantiles.p99, max]
+    };
+    for (row, q) in ["wait p50", "wait p99", "wait max"].into_iter().enumerate() {
+        print!("{q:<22}");
+        let base = ms(waits(&split)[row]);
+        for (_, report) in &sides {
+            let wait = ms(waits(report)[row]);
+            let cell = format!("{wait:.1} ms ({:.2}x)", wait / base);
+            print!(" {cell:>20}");
+        }
+        println!(" {:>12}", format!("{base:.1} ms"));
+    }
+    print!("{:<22}", "most holders at once");
+    for (_, report) in &sides {
+        print!(" {:>20}", report.most_at_once());
+    }
+    println!(" {:>12}", split.most_at_once());
 }
