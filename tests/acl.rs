@@ -89,7 +89,7 @@ async fn a_least_privilege_user_locks_and_reloads_flushed_scripts() {
     );
     lock.release().await.expect("release");
     assert!(
-        support::eventually(|| (0..3).all(|i| servers.get(i, "locks:invoice:1").is_none())).await,
+        support::eventually(|| servers.on_every_node("locks:invoice:1", Option::is_none)).await,
         "the release reached every node"
     );
 
@@ -268,7 +268,7 @@ async fn without_the_notification_permissions_locks_still_release_and_waiters_po
         .expect("the waiter polled its way to the lock");
     lock.release().await.expect("release");
     assert!(
-        support::eventually(|| (0..3).all(|i| servers.get(i, "locks:invoice:2").is_none())).await
+        support::eventually(|| servers.on_every_node("locks:invoice:2", Option::is_none)).await
     );
 }
 

@@ -96,7 +96,7 @@ async fn keys_and_values_are_wire_compatible() {
         .expect("config");
     let lock = prefixed.acquire(&["job"], TTL).await.expect("acquire");
     assert!(eventually(|| servers.holders("locks:job", lock.token(), 0..5).len() == 5).await);
-    assert!((0..5).all(|i| servers.get(i, "job").is_none()));
+    assert!(servers.on_every_node("job", Option::is_none));
     lock.release().await.expect("release");
 }
 
@@ -254,7 +254,7 @@ async fn a_late_release_never_deletes_the_next_owners_lock() {
         .acquire(&["job"], Duration::from_millis(100))
         .await
         .expect("acquire");
-    assert!(eventually(|| (0..5).all(|i| servers.get(i, "job").is_none())).await);
+    assert!(eventually(|| servers.on_every_node("job", Option::is_none)).await);
     assert!(first.is_expired());
 
     let second = redlock
@@ -269,7 +269,7 @@ async fn a_late_release_never_deletes_the_next_owners_lock() {
     // Both calls return at the majority: wait for the last nodes' calls (a key the late
     // release deleted would never come back).
     let held_everywhere =
-        || (0..5).all(|i| servers.get(i, "job").as_deref() == Some(second.token()));
+        || servers.on_every_node("job", |value| value.as_deref() == Some(second.token()));
     assert!(
         eventually(held_everywhere).await,
         "the second owner's key on every node"
@@ -360,7 +360,7 @@ async fn a_dropped_lock_releases_itself() {
     // Held on a majority (the last node may still be on its way).
     assert!(servers.holders("job", lock.token(), 0..3).len() >= 2);
     drop(lock);
-    assert!(eventually(|| (0..3).all(|i| servers.get(i, "job").is_none())).await);
+    assert!(eventually(|| servers.on_every_node("job", Option::is_none)).await);
 }
 
 #[tokio::test]
@@ -452,7 +452,7 @@ async fn an_acquire_given_up_half_way_leaves_nothing_locked() {
     servers.resume(2);
     // Node 0's grant and the writes queued on the two others are all undone.
     assert!(
-        eventually(|| (0..3).all(|i| servers.get(i, "job").is_none())).await,
+        eventually(|| servers.on_every_node("job", Option::is_none)).await,
         "left behind: {:?}",
         (0..3).map(|i| servers.get(i, "job")).collect::<Vec<_>>()
     );

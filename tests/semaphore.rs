@@ -298,7 +298,7 @@ async fn using_extends_the_permit_and_signals_its_loss() {
         .await
         .expect("kept alive");
     assert!(kept.starts_with("pool:semaphore:slot:"), "{kept}");
-    assert!(eventually(|| (0..3).all(|i| servers.get(i, &kept).is_none())).await);
+    assert!(eventually(|| servers.on_every_node(&kept, Option::is_none)).await);
 
     // Lost: another owner holds its slot's keys (a deleted key would be set again by the
     // next extension: extensions repair); the signal aborts.
@@ -407,7 +407,7 @@ async fn inspect_shows_the_holders_and_a_dropped_permit_frees_its_slot() {
         assert_eq!(holder, expected, "slot {slot}: {view}");
     }
     let key = format!("app:pool:semaphore:slot:{}", a.slot());
-    assert!((0..3).all(|i| servers.get(i, &key).as_deref() == Some(a.token())));
+    assert!(servers.on_every_node(&key, |value| value.as_deref() == Some(a.token())));
     assert_eq!(
         servers.get(0, "app:pool:semaphore:size").as_deref(),
         Some("3")
@@ -415,7 +415,7 @@ async fn inspect_shows_the_holders_and_a_dropped_permit_frees_its_slot() {
 
     drop(a);
     assert!(
-        eventually(|| (0..3).all(|i| servers.get(i, &key).is_none())).await,
+        eventually(|| servers.on_every_node(&key, Option::is_none)).await,
         "a dropped permit is released in the background"
     );
     b.release().await.expect("release");
@@ -532,7 +532,7 @@ async fn fair_mode_serves_waiters_of_several_processes_in_arrival_order() {
     }
     // Waiter 0 went round the slots and waits for a release.
     assert!(
-        eventually(|| (0..3).all(|n| servers.get(n, "fair:semaphore:line").is_some())).await,
+        eventually(|| servers.on_every_node("fair:semaphore:line", Option::is_some)).await,
         "waiter 0 holds the line"
     );
     first.release().await.expect("release");
@@ -573,7 +573,7 @@ async fn a_fair_try_acquire_does_not_pass_a_waiter_in_line() {
         async move { sem.acquire(TTL).await }
     });
     assert!(
-        eventually(|| (0..3).all(|n| servers.get(n, "queued:semaphore:line").is_some())).await,
+        eventually(|| servers.on_every_node("queued:semaphore:line", Option::is_some)).await,
         "the waiter holds the line"
     );
     match sem.try_acquire(TTL).await {
@@ -593,7 +593,7 @@ async fn a_fair_try_acquire_does_not_pass_a_waiter_in_line() {
     // Nobody waits: a try takes the line and the free slot, and gives the line up.
     let permit = sem.try_acquire(TTL).await.expect("a free slot");
     assert!(
-        eventually(|| (0..3).all(|n| servers.get(n, "queued:semaphore:line").is_none())).await,
+        eventually(|| servers.on_every_node("queued:semaphore:line", Option::is_none)).await,
         "the line was given up with the permit"
     );
     permit.release().await.expect("release");

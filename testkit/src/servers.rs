@@ -316,6 +316,14 @@ impl Servers {
             .expect("GET")
     }
 
+    /// Whether the value at `key` passes `check` on every server (`None`: no such key). A
+    /// lock call returns once a majority answered, so a test that looks at every node waits
+    /// for this with `eventually`, e.g. `eventually(|| servers.on_every_node("job",
+    /// Option::is_none))`.
+    pub fn on_every_node(&self, key: &str, check: impl Fn(&Option<String>) -> bool) -> bool {
+        (0..self.len()).all(|i| check(&self.get(i, key)))
+    }
+
     /// The remaining TTL of `key` on server `i`, in ms (`-2` when absent).
     pub fn pttl(&self, i: usize, key: &str) -> i64 {
         redis::cmd("PTTL")

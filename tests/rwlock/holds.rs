@@ -40,8 +40,10 @@ async fn a_writer_excludes_readers_and_writers_and_its_release_frees_at_once() {
     let lock = rwlock(&redlock);
     let write = lock.try_acquire_write(TTL).await.expect("writer");
     assert!(
-        eventually(|| (0..3).all(|i| servers.get(i, WRITER).as_deref() == Some(write.token())))
-            .await
+        eventually(
+            || servers.on_every_node(WRITER, |value| value.as_deref() == Some(write.token()))
+        )
+        .await
     );
     contended(lock.try_acquire_read(TTL).await, "a reader beside a writer");
     contended(lock.try_acquire_write(TTL).await, "a second writer");
@@ -49,9 +51,9 @@ async fn a_writer_excludes_readers_and_writers_and_its_release_frees_at_once() {
     assert_eq!(report.writer(), Some(&write.token()[..8]));
     assert!(report.readers().is_empty());
     // A try leaves no waiting mark.
-    assert!((0..3).all(|i| servers.get(i, WAITING).is_none()));
+    assert!(servers.on_every_node(WAITING, Option::is_none));
     write.release().await.expect("release");
-    assert!(soon(|| (0..3).all(|i| servers.get(i, WRITER).is_none())).await);
+    assert!(soon(|| servers.on_every_node(WRITER, Option::is_none)).await);
     let read = lock.try_acquire_read(TTL).await.expect("a reader at once");
     read.release().await.expect("release");
 }
@@ -90,7 +92,7 @@ async fn a_waiting_writer_blocks_new_readers_and_gets_in_when_they_leave() {
         async move { lock.acquire_write(TTL).await }
     });
     assert!(
-        eventually(|| (0..3).all(|i| servers.get(i, WAITING).is_some())).await,
+        eventually(|| servers.on_every_node(WAITING, Option::is_some)).await,
         "the waiting writer marks the lock"
     );
     assert!(lock.inspect().await.expect("inspect").writer_waiting());
@@ -106,7 +108,7 @@ async fn a_waiting_writer_blocks_new_readers_and_gets_in_when_they_leave() {
         .expect("task")
         .expect("acquire_write");
     assert!(
-        eventually(|| (0..3).all(|i| servers.get(i, WAITING).is_none())).await,
+        eventually(|| servers.on_every_node(WAITING, Option::is_none)).await,
         "the writer takes its mark away"
     );
     contended(
@@ -235,7 +237,7 @@ async fn using_keeps_both_sides_and_signals_their_loss() {
         .await
         .expect("write kept alive");
     assert!(
-        soon(|| (0..3).all(|i| servers.get(i, WRITER).is_none())).await,
+        soon(|| servers.on_every_node(WRITER, Option::is_none)).await,
         "released after"
     );
 
@@ -324,7 +326,7 @@ async fn waiters_are_woken_by_releases_not_their_retry_delay() {
         async move { lock.acquire_write(TTL).await }
     });
     assert!(
-        eventually(|| (0..3).all(|i| servers.get(i, WAITING).is_some())).await,
+        eventually(|| servers.on_every_node(WAITING, Option::is_some)).await,
         "the writer waits"
     );
     // The writer listens on every node before the release (a message sent earlier is missed,
