@@ -202,6 +202,8 @@ impl RedlockBuilder {
     ///   `max(3 × the longest retry delay + node_timeout, 1 s)`, then is dropped.
     /// - Clients without fair mode (or node-redlock) on the same resource do not queue: they
     ///   take a free lock whoever waits.
+    /// - A [`Semaphore`](crate::Semaphore)'s waiters queue on the semaphore's line (one fair
+    ///   lock per semaphore), not on its slots; see its docs.
     /// - Needs single-server nodes: `build()` refuses it with Redis Cluster or Sentinel
     ///   voters ([`ConfigError::FairQueueUnsupported`]).
     pub fn fair(mut self, fair: bool) -> Self {

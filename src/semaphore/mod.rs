@@ -32,14 +32,14 @@
 //! hash tag in the name (`{jobs}`).
 //!
 //! **Finding a slot.** An attempt tries every slot once, starting at a random one and going
-//! round (one `try_acquire` each), so that concurrent callers spread over the slots instead of
-//! all asking for slot 0; when all are taken it waits the Redlock's retry delay
-//! ([`Backoff`](crate::Backoff)) and goes round again, within `retry_count` and
-//! `acquire_timeout`. Waiters of one `Redlock` take turns, as a mutex's do: only the head
-//! of the process's line for the semaphore goes round. The wait ends early when any slot is
-//! released: each refused try marked its slot, so its release is announced (the mutex's
-//! notified hand-off, watched for all the slots at once), and a permit of this process
-//! released wakes its waiters at once.
+//! round (one try each, as `try_acquire` makes, outside the slots' fair queues), so that
+//! concurrent callers spread over the slots instead of all asking for slot 0; when all are
+//! taken it waits the Redlock's retry delay ([`Backoff`](crate::Backoff)) and goes round again,
+//! within `retry_count` and `acquire_timeout`. Waiters of one `Redlock` take turns, as a
+//! mutex's do: only the head of the process's line for the semaphore goes round. The wait ends
+//! early when any slot is released: each refused try marked its slot, so its release is
+//! announced (the mutex's notified hand-off, watched for all the slots at once), and a permit
+//! of this process released wakes its waiters at once.
 //!
 //! **Fair mode** ([`RedlockBuilder::fair`](crate::RedlockBuilder::fair)): waiters of every
 //! process take turns too, in the order they started waiting. A waiter first takes the
@@ -47,13 +47,19 @@
 //! its waiters across processes), without a fencing token, kept alive by the lease keeper for
 //! as long as its holder goes round. Its holder alone goes round the slots (outside the slots'
 //! own queues), and releases the line once it has a permit, or has given up; the next waiter
-//! in line is then told. Waiting for the line and going round each have the retry budget;
-//! `acquire_timeout` bounds both together. A `try_acquire` tries the line once, so a waiter
-//! ahead makes it [`Error::Contended`] (on the line's name). The line orders; it is not the
-//! safety argument: a holder whose line expired (a stalled process) only costs the order, as
-//! each slot is still a Redlock mutex. The line is held for at least a second above the
-//! extension threshold, and its extensions are not bound by `max_extensions` or `max_hold`
-//! (a permit's are); a process that died holding it delays the next waiter by its TTL.
+//! in line is then told. The line is released in the background: the permit is returned
+//! without waiting for a slow node's answer. Waiting for the line and going round each have
+//! the retry budget (so up to twice `retry_count` retries in all); `acquire_timeout` bounds
+//! both together, give or take the round trip that claims the size. A `try_acquire` tries
+//! the line once, so it is [`Error::Contended`] (on the line's name) while any other
+//! acquisition holds the line, even with slots free: it never passes a waiter. The line
+//! orders; it is not the safety argument: a holder whose line expired (a stalled process)
+//! only costs the order, as each slot is still a Redlock mutex. The line's TTL is the
+//! shortest the lease keeper extends well (a second above the extension threshold, about
+//! 1.5 s by default), so a process that died holding it holds up the waiters that long; its
+//! extensions are not bound by `max_extensions` or `max_hold`. The line is a lock like any
+//! other to metrics, tracing and the event hook: its acquisitions and extensions appear
+//! under `<name>:semaphore:line`.
 
 mod permit;
 mod size;
@@ -75,7 +81,7 @@ use crate::hand_off::Watch;
 use crate::inner::{MAX_TTL, Target, validate_ttl};
 use crate::inspect::Inspection;
 use crate::redlock::Redlock;
-use crate::using::{self, Signal};
+use crate::using::{self, Release, Signal};
 
 /// The most permits a semaphore may have. An acquisition tries the slots one by one, each a
 /// round trip to every node, so its cost grows with K.
@@ -96,8 +102,9 @@ const CHECK_TTL: Duration = Duration::from_secs(60);
 /// order the waiters came, across processes: a waiter first takes the semaphore's line,
 /// `<name>:semaphore:line`, a fair lock without a fencing token kept alive while its holder
 /// alone goes round the slots, and released with the permit. Waiting for the line and going
-/// round each have the retry budget; `acquire_timeout` bounds both. The line only orders: a
-/// holder whose line expired costs the order, never the bound of K.
+/// round each have the retry budget; `acquire_timeout` bounds both. A `try_acquire` is
+/// refused while another acquisition holds the line. The line only orders: a holder whose
+/// line expired costs the order, never the bound of K.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -182,15 +189,17 @@ impl Redlock {
     }
 }
 
-/// The line's TTL in fair mode: the permit's, or more where the lease keeper needs it (a
-/// second of validity above the extension threshold, whatever the drift factor).
-fn line_ttl(config: &Config, ttl: Duration) -> Duration {
+/// The line's TTL in fair mode: the shortest the lease keeper extends well (a second of
+/// validity above the extension threshold, whatever the drift factor; about 1.5 s by
+/// default), whatever the permits' TTL, so that a process that died holding the line holds up
+/// the waiters behind it no longer than that.
+fn line_ttl(config: &Config) -> Duration {
     let least = config
         .extension_threshold
         .saturating_add(Duration::from_millis(1002))
         .as_secs_f64()
         / (1.0 - config.drift_factor);
-    ttl.max(Duration::try_from_secs_f64(least).unwrap_or(MAX_TTL))
+    Duration::try_from_secs_f64(least).unwrap_or(MAX_TTL)
 }
 
 /// The resource name of slot `slot` of semaphore `name`.
@@ -236,7 +245,8 @@ impl Semaphore {
 
     /// Acquires a permit for `ttl`, retrying as the Redlock's builder configured
     /// (`retry_count`, the backoff schedule, `acquire_timeout`): each attempt tries every
-    /// slot once, from a random one.
+    /// slot once, from a random one. In fair mode the wait for the semaphore's line comes
+    /// first, with a retry budget of its own (see [`Semaphore`]).
     ///
     /// # Errors
     ///
@@ -252,13 +262,14 @@ impl Semaphore {
     }
 
     /// Makes one attempt: tries every slot once, from a random one, without retries. In fair
-    /// mode it first tries the semaphore's line once (see [`Semaphore`]), so that it does not
-    /// pass a waiter in line.
+    /// mode it first tries the semaphore's line once (see [`Semaphore`]), so that it never
+    /// passes a waiter in line.
     ///
     /// # Errors
     ///
     /// As [`acquire`](Self::acquire); [`Error::Contended`] when every slot is held, or in
-    /// fair mode when the line is (naming `<name>:semaphore:line`).
+    /// fair mode when another acquisition holds the line, free slots or not (naming
+    /// `<name>:semaphore:line`).
     pub async fn try_acquire(&self, ttl: Duration) -> Result<Permit, Error> {
         self.acquire_with(ttl, false).await
     }
@@ -269,7 +280,7 @@ impl Semaphore {
         validate_ttl(ttl, config.drift_factor)?;
         // Fair mode: the line's TTL and lease, checked before any traffic.
         let line = if config.fair {
-            let line_ttl = validate_ttl(line_ttl(config, ttl), config.drift_factor)?;
+            let line_ttl = validate_ttl(line_ttl(config), config.drift_factor)?;
             Some((line_ttl, using::Policy::unbounded(config, line_ttl)?))
         } else {
             None
@@ -287,10 +298,17 @@ impl Semaphore {
                 .acquire_traced(&[&*self.line], line_ttl, retry, Target::unfenced)
                 .await?;
             // Going round has a retry budget of its own: waiting for the line took the first.
+            // The line is released in the background: the permit's validity is not spent
+            // waiting for a slow node's answer.
             let delays = config.backoff.delays();
-            return using::scope(line, policy, config, &shared.tasks, |_| {
-                self.go_round(ttl, retry, delays, started, deadline)
-            })
+            return using::scope(
+                line,
+                policy,
+                config,
+                &shared.tasks,
+                Release::InBackground,
+                |_| self.go_round(ttl, retry, delays, started, deadline),
+            )
             .await;
         }
         // Waiters of this process take turns (FIFO, a line named after the size key), as a
@@ -408,7 +426,15 @@ impl Semaphore {
         let config = &shared.config;
         let policy = using::Policy::checked(config, ttl).map_err(|error| E::from(error.into()))?;
         let permit = self.acquire(ttl).await.map_err(E::from)?;
-        using::scope(permit.into_lock(), policy, config, &shared.tasks, routine).await
+        using::scope(
+            permit.into_lock(),
+            policy,
+            config,
+            &shared.tasks,
+            using::Release::Awaited,
+            routine,
+        )
+        .await
     }
 }
 

@@ -51,15 +51,27 @@ use crate::lock::Lock;
 use scoped::Scoped;
 use signal::Ticket;
 
+/// When a scope returns, relative to its lock's release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Release {
+    /// Once every node answered the release (`using()`: the lock is free when it returns).
+    Awaited,
+    /// At once, the release going on in the background (`Redlock::close` waits for it): for
+    /// a primitive's own lock whose caller must not wait on a slow node (a semaphore's line,
+    /// given up with the permit the caller came for).
+    InBackground,
+}
+
 /// Runs `routine` with a [`Signal`] while a lease keeper keeps `lock` alive; then stops the
-/// keeper, which releases the lock, and returns the routine's result (or resumes its panic).
-/// Dropped midway, the keeper still releases, and `Redlock::close` (through `tasks`) waits
-/// for it.
+/// keeper, which releases the lock, and returns the routine's result (or resumes its panic)
+/// once the release is done, or at once ([`Release`]). Dropped midway, the keeper still
+/// releases, and `Redlock::close` (through `tasks`) waits for it.
 pub(crate) async fn scope<T, E, F, Fut>(
     lock: Lock,
     policy: Policy,
     config: &Config,
     tasks: &TaskTracker,
+    release: Release,
     routine: F,
 ) -> Result<T, E>
 where
@@ -99,7 +111,10 @@ where
         .await;
 
     drop(stop);
-    if let Err(error) = task.join().await {
+    // Not joined, the task is handed to `tasks` (see `Finishing`).
+    if release == Release::Awaited
+        && let Err(error) = task.join().await
+    {
         // The keeper does not panic (hooks are guarded), so this is most likely a cancelled
         // runtime. The lock, dropped with the task, releases itself in the background if it
         // can.
