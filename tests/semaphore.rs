@@ -381,6 +381,72 @@ async fn acquire_gives_up_at_the_acquire_timeout() {
     drop(held);
 }
 
+/// In fair mode a waiter behind the line's holder gives up at the acquire timeout (on the
+/// line's name), and leaves its place in the line's queue on every node.
+#[tokio::test]
+async fn a_fair_waiter_gives_up_at_the_acquire_timeout_and_leaves_the_line() {
+    let servers = Servers::start(3);
+    let fair = |timeout| {
+        servers
+            .builder()
+            .fair(true)
+            .node_timeout(PATIENT)
+            .retry_count(10_000)
+            .acquire_timeout(timeout)
+            .build()
+            .expect("config")
+    };
+    let (first, second) = (fair(LONG), fair(Duration::from_millis(1500)));
+    let held = first
+        .semaphore("line-timeout", 1)
+        .expect("semaphore")
+        .acquire(TTL)
+        .await
+        .expect("the permit");
+    // A waiter of the first client takes the line and goes round the full slot.
+    let going_round = tokio::spawn({
+        let sem = first.semaphore("line-timeout", 1).expect("semaphore");
+        async move { sem.acquire(TTL).await }
+    });
+    assert!(
+        eventually(|| servers.on_every_node("line-timeout:semaphore:line", Option::is_some)).await,
+        "the first waiter holds the line"
+    );
+    let queue = "line-timeout:semaphore:line:redfence:queue";
+    let before: Vec<i64> = (0..3).map(|n| servers.cmd(n, &["ZCARD", queue])).collect();
+    let started = Instant::now();
+    let sem = second.semaphore("line-timeout", 1).expect("semaphore");
+    match sem.acquire(TTL).await {
+        Err(Error::AcquireTimeout { last, .. }) => match last.as_deref() {
+            Some(Error::Contended { resources, .. }) => {
+                assert_eq!(*resources, ["line-timeout:semaphore:line"]);
+            }
+            other => panic!("the line held it up, not {other:?}"),
+        },
+        other => panic!("expected AcquireTimeout, got {other:?}"),
+    }
+    // The line's waiter gives up when its next retry delay (10-20 ms here) would end past the
+    // timeout, so up to one delay early.
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(1400),
+        "gave up early: {took:?}"
+    );
+    assert!(took < Duration::from_secs(10), "gave up late: {took:?}");
+    // Its place is left on every node: no more places than before it came.
+    assert!(
+        eventually(|| (0..3).all(|n| servers.cmd::<i64>(n, &["ZCARD", queue]) <= before[n])).await,
+        "the waiter left a place in the line's queue"
+    );
+    held.release().await.expect("release");
+    let permit = tokio::time::timeout(Duration::from_secs(30), going_round)
+        .await
+        .expect("the first waiter is served")
+        .expect("task")
+        .expect("acquire");
+    permit.release().await.expect("release");
+}
+
 /// `inspect` shows who holds which slot; a dropped permit frees its slot in the background;
 /// slot and size keys go under the key prefix.
 #[tokio::test]
