@@ -321,15 +321,7 @@ impl Redlock {
                 }
             };
             trace::fence(&span, lock.fence());
-            let result = using::scope(
-                lock,
-                policy,
-                config,
-                &self.shared.tasks,
-                using::Release::Awaited,
-                routine,
-            )
-            .await;
+            let result = using::scope(lock, policy, config, &self.shared.tasks, routine).await;
             let outcome = if result.is_ok() {
                 "done"
             } else {

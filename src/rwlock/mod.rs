@@ -276,15 +276,7 @@ impl RwLock {
         let config = &shared.config;
         let policy = using::Policy::checked(config, ttl).map_err(|error| E::from(error.into()))?;
         let lock = self.acquire(mode, ttl, true).await.map_err(E::from)?;
-        using::scope(
-            lock,
-            policy,
-            config,
-            &shared.tasks,
-            using::Release::Awaited,
-            routine,
-        )
-        .await
+        using::scope(lock, policy, config, &shared.tasks, routine).await
     }
 
     /// Who holds the lock on each node: the writer, the readers, whether a writer waits

@@ -81,7 +81,7 @@ use crate::hand_off::Watch;
 use crate::inner::{MAX_TTL, Target, validate_ttl};
 use crate::inspect::Inspection;
 use crate::redlock::Redlock;
-use crate::using::{self, Release, Signal};
+use crate::using::{self, Signal};
 
 /// The most permits a semaphore may have. An acquisition tries the slots one by one, each a
 /// round trip to every node, so its cost grows with K.
@@ -128,8 +128,8 @@ pub struct Semaphore {
     permits: u32,
     /// The resource name of each slot.
     slots: Arc<[String]>,
-    /// The resource name of the line (fair mode).
-    line: Arc<str>,
+    /// Fair mode: the semaphore's line.
+    line: Option<Line>,
     /// The size key, with the key prefix.
     size_key: Arc<str>,
 }
@@ -152,7 +152,8 @@ impl Redlock {
     /// ([`InvalidInput::ZeroPermits`]), more than [`MAX_PERMITS`]
     /// ([`InvalidInput::TooManyPermits`]), an empty name, or a name whose slot keys a lock
     /// could not use (too long, a reserved ending, not fenceable, or across a Cluster voter's
-    /// hash slots).
+    /// hash slots); in fair mode also an extension threshold too long for the line's TTL
+    /// ([`InvalidInput::TtlTooLong`]).
     pub fn semaphore(&self, name: &str, permits: u32) -> Result<Semaphore, Error> {
         if permits == 0 {
             return Err(InvalidInput::ZeroPermits.into());
@@ -173,8 +174,12 @@ impl Redlock {
         if let Some(longest) = slots.last() {
             shared.target(&[longest], CHECK_TTL)?;
         }
-        let line = format!("{name}:semaphore:line");
-        shared.target(&[&line], CHECK_TTL)?;
+        // The line's name is shorter than the slots' and ends like none of the helper keys.
+        let line = if shared.config.fair {
+            Some(Line::new(&shared.config, name)?)
+        } else {
+            None
+        };
         let size_name = format!("{name}:semaphore:size");
         let size_key = shared.keys(&[size_name]);
         shared.one_call_each(&size_key)?;
@@ -183,23 +188,41 @@ impl Redlock {
             name: Arc::from(name),
             permits,
             slots,
-            line: Arc::from(line),
+            line,
             size_key: Arc::from(size_key[0].as_str()),
         })
     }
 }
 
-/// The line's TTL in fair mode: the shortest the lease keeper extends well (a second of
-/// validity above the extension threshold, whatever the drift factor; about 1.5 s by
-/// default), whatever the permits' TTL, so that a process that died holding the line holds up
-/// the waiters behind it no longer than that.
-fn line_ttl(config: &Config) -> Duration {
-    let least = config
-        .extension_threshold
-        .saturating_add(Duration::from_millis(1002))
-        .as_secs_f64()
-        / (1.0 - config.drift_factor);
-    Duration::try_from_secs_f64(least).unwrap_or(MAX_TTL)
+/// A semaphore's line (fair mode): the lock whose holder alone goes round the slots.
+#[derive(Clone)]
+struct Line {
+    /// `<name>:semaphore:line`.
+    resource: Arc<str>,
+    /// The shortest TTL the lease keeper extends well (a second of validity above the
+    /// extension threshold, whatever the drift factor; about 1.5 s by default), whatever the
+    /// permits' TTL, so that a process that died holding the line holds up the waiters behind
+    /// it no longer than that.
+    ttl: Duration,
+    /// How the lease keeper extends it while its holder goes round.
+    policy: using::Policy,
+}
+
+impl Line {
+    fn new(config: &Config, name: &str) -> Result<Line, InvalidInput> {
+        let least = config
+            .extension_threshold
+            .saturating_add(Duration::from_millis(1002))
+            .as_secs_f64()
+            / (1.0 - config.drift_factor);
+        let ttl = Duration::try_from_secs_f64(least).unwrap_or(MAX_TTL);
+        let ttl = validate_ttl(ttl, config.drift_factor)?;
+        Ok(Line {
+            resource: Arc::from(format!("{name}:semaphore:line")),
+            ttl,
+            policy: using::Policy::unbounded(config, ttl)?,
+        })
+    }
 }
 
 /// The resource name of slot `slot` of semaphore `name`.
@@ -278,35 +301,28 @@ impl Semaphore {
         let shared = self.redlock.shared();
         let config = &shared.config;
         validate_ttl(ttl, config.drift_factor)?;
-        // Fair mode: the line's TTL and lease, checked before any traffic.
-        let line = if config.fair {
-            let line_ttl = validate_ttl(line_ttl(config), config.drift_factor)?;
-            Some((line_ttl, using::Policy::unbounded(config, line_ttl)?))
-        } else {
-            None
-        };
         let started = clock::now();
         let deadline = config.acquire_timeout.and_then(|t| started.checked_add(t));
         // Once per call: the size cannot change while a majority stores ours (refreshed here).
         size::claim(shared, &self.name, &self.size_key, self.permits, ttl).await?;
-        if let Some((line_ttl, policy)) = line {
+        if let Some(line) = &self.line {
             // Across processes, waiters take turns through the line lock, granted in the
             // order they asked (the nodes' fair queue, and this process's line before it);
             // its holder alone goes round the slots, and gives the line up with its permit.
-            let line = self
+            let held = self
                 .redlock
-                .acquire_traced(&[&*self.line], line_ttl, retry, Target::unfenced)
+                .acquire_traced(&[&*line.resource], line.ttl, retry, Target::unfenced)
                 .await?;
             // Going round has a retry budget of its own: waiting for the line took the first.
             // The line is released in the background: the permit's validity is not spent
             // waiting for a slow node's answer.
             let delays = config.backoff.delays();
-            return using::scope(
-                line,
-                policy,
+            return using::scope_with(
+                held,
+                line.policy,
                 config,
                 &shared.tasks,
-                Release::InBackground,
+                using::Release::InBackground,
                 |_| self.go_round(ttl, retry, delays, started, deadline),
             )
             .await;
@@ -426,15 +442,7 @@ impl Semaphore {
         let config = &shared.config;
         let policy = using::Policy::checked(config, ttl).map_err(|error| E::from(error.into()))?;
         let permit = self.acquire(ttl).await.map_err(E::from)?;
-        using::scope(
-            permit.into_lock(),
-            policy,
-            config,
-            &shared.tasks,
-            using::Release::Awaited,
-            routine,
-        )
-        .await
+        using::scope(permit.into_lock(), policy, config, &shared.tasks, routine).await
     }
 }
 

@@ -62,11 +62,27 @@ pub(crate) enum Release {
     InBackground,
 }
 
+/// [`scope_with`] whose release is awaited: what `using()` runs.
+pub(crate) async fn scope<T, E, F, Fut>(
+    lock: Lock,
+    policy: Policy,
+    config: &Config,
+    tasks: &TaskTracker,
+    routine: F,
+) -> Result<T, E>
+where
+    F: FnOnce(Signal) -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    E: From<Error>,
+{
+    scope_with(lock, policy, config, tasks, Release::Awaited, routine).await
+}
+
 /// Runs `routine` with a [`Signal`] while a lease keeper keeps `lock` alive; then stops the
 /// keeper, which releases the lock, and returns the routine's result (or resumes its panic)
 /// once the release is done, or at once ([`Release`]). Dropped midway, the keeper still
 /// releases, and `Redlock::close` (through `tasks`) waits for it.
-pub(crate) async fn scope<T, E, F, Fut>(
+pub(crate) async fn scope_with<T, E, F, Fut>(
     lock: Lock,
     policy: Policy,
     config: &Config,
