@@ -5,12 +5,30 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redfence::{Error, InvalidInput, MAX_PERMITS, Redlock};
+use redfence::{Error, InvalidInput, MAX_PERMITS, Permit, Redlock};
 use support::{PATIENT, Servers, TestRedlock, eventually};
+use tokio::task::JoinHandle;
 
 const TTL: Duration = Duration::from_secs(5);
 /// Permits held for a whole test.
 const LONG: Duration = Duration::from_secs(60);
+
+/// The permit a spawned acquisition got, within `limit`; `what` says what the test waited for.
+async fn served(task: JoinHandle<Result<Permit, Error>>, limit: Duration, what: &str) -> Permit {
+    tokio::time::timeout(limit, task)
+        .await
+        .unwrap_or_else(|_| panic!("{what} (not within {limit:?})"))
+        .expect("task")
+        .expect("acquire")
+}
+
+/// An acquisition that gave up, `started` ago, did so no earlier than `early` and before
+/// `late`.
+fn gave_up_between(started: Instant, early: Duration, late: Duration) {
+    let took = started.elapsed();
+    assert!(took >= early, "gave up early: {took:?}");
+    assert!(took < late, "gave up late: {took:?}");
+}
 
 fn invalid<T: std::fmt::Debug>(result: Result<T, Error>) -> InvalidInput {
     match result {
@@ -262,11 +280,12 @@ async fn a_release_frees_a_slot_for_a_waiter() {
     );
     let freed = b.slot();
     b.release().await.expect("release");
-    let permit = tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("the waiter gets the freed slot in time")
-        .expect("task")
-        .expect("acquire");
+    let permit = served(
+        waiter,
+        Duration::from_secs(10),
+        "the waiter gets the freed slot in time",
+    )
+    .await;
     assert_eq!(permit.slot(), freed);
     assert_ne!(permit.slot(), a.slot());
     drop(a);
@@ -368,12 +387,11 @@ async fn acquire_gives_up_at_the_acquire_timeout() {
         }
         other => panic!("expected AcquireTimeout, got {other:?}"),
     }
-    let took = started.elapsed();
-    assert!(
-        took >= Duration::from_millis(1500),
-        "gave up early: {took:?}"
+    gave_up_between(
+        started,
+        Duration::from_millis(1500),
+        Duration::from_secs(10),
     );
-    assert!(took < Duration::from_secs(10), "gave up late: {took:?}");
     assert!(matches!(
         sem.try_acquire(TTL).await,
         Err(Error::Contended { .. })
@@ -427,23 +445,23 @@ async fn a_fair_waiter_gives_up_at_the_acquire_timeout_and_leaves_the_line() {
     }
     // The line's waiter gives up when its next retry delay (10-20 ms here) would end past the
     // timeout, so up to one delay early.
-    let took = started.elapsed();
-    assert!(
-        took >= Duration::from_millis(1400),
-        "gave up early: {took:?}"
+    gave_up_between(
+        started,
+        Duration::from_millis(1400),
+        Duration::from_secs(10),
     );
-    assert!(took < Duration::from_secs(10), "gave up late: {took:?}");
     // Its place is left on every node: no more places than before it came.
     assert!(
         eventually(|| (0..3).all(|n| servers.cmd::<i64>(n, &["ZCARD", queue]) <= before[n])).await,
         "the waiter left a place in the line's queue"
     );
     held.release().await.expect("release");
-    let permit = tokio::time::timeout(Duration::from_secs(30), going_round)
-        .await
-        .expect("the first waiter is served")
-        .expect("task")
-        .expect("acquire");
+    let permit = served(
+        going_round,
+        Duration::from_secs(30),
+        "the first waiter is served",
+    )
+    .await;
     permit.release().await.expect("release");
 }
 
@@ -540,18 +558,20 @@ async fn waiters_are_woken_by_a_release_and_served_in_order() {
     });
     // (The second waits in the process's line behind the first, which keeps its turn.)
     held.release().await.expect("release");
-    let permit = tokio::time::timeout(Duration::from_secs(10), first)
-        .await
-        .expect("the first waiter is woken, not left to its 30 s retry delay")
-        .expect("task")
-        .expect("acquire");
+    let permit = served(
+        first,
+        Duration::from_secs(10),
+        "the first waiter is woken, not left to its 30 s retry delay",
+    )
+    .await;
     assert!(!second.is_finished(), "one permit, one holder");
     permit.release().await.expect("release");
-    let permit = tokio::time::timeout(Duration::from_secs(10), second)
-        .await
-        .expect("the second waiter is woken by its process's release")
-        .expect("task")
-        .expect("acquire");
+    let permit = served(
+        second,
+        Duration::from_secs(10),
+        "the second waiter is woken by its process's release",
+    )
+    .await;
     permit.release().await.expect("release");
 }
 
@@ -669,11 +689,7 @@ async fn a_fair_try_acquire_does_not_pass_a_waiter_in_line() {
         other => panic!("a try passed the waiter in line: {other:?}"),
     }
     held.release().await.expect("release");
-    let permit = tokio::time::timeout(Duration::from_secs(30), waiter)
-        .await
-        .expect("the waiter is served")
-        .expect("task")
-        .expect("acquire");
+    let permit = served(waiter, Duration::from_secs(30), "the waiter is served").await;
     assert_eq!(permit.slot(), 0);
     permit.release().await.expect("release");
     // Nobody waits: a try gets the free slot.
