@@ -218,7 +218,8 @@ impl RedlockBuilder {
     /// cast and its key still written (and released if the attempt fails), but the grant counts
     /// as a [`NodeFailure::Quarantined`](crate::NodeFailure::Quarantined); an extension does not
     /// set its missing key again until it is out of quarantine. Set it to the longest TTL any
-    /// client uses on these servers (a day at most: `build()` refuses more);
+    /// client uses on these servers, plus the [`lock_delay`](Self::lock_delay) if any (a
+    /// restart forgets the delay's keys too; a day at most: `build()` refuses more);
     /// [`Duration::ZERO`] turns quarantine off.
     ///
     /// A server is known restarted when its `run_id` (`INFO server`, read on the first call,
@@ -233,7 +234,10 @@ impl RedlockBuilder {
     ///   another service) is protected too. A freshly started cluster then grants nothing for
     ///   the period.
     ///
-    /// A server that does not answer `INFO server` (an ACL without it) is never quarantined.
+    /// A server that refuses `INFO server` for good (an ACL without it, a proxy that does not
+    /// know it) is never quarantined. Any other failure to read it, or a connection lost on
+    /// any call (a lock call or an advisory one such as [`Redlock::inspect`](crate::Redlock::inspect)),
+    /// makes the server suspect: its votes do not count until its identity is read again.
     pub fn restart_quarantine(mut self, period: Duration) -> Self {
         self.config.quarantine = QuarantineRule {
             period,

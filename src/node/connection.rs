@@ -9,6 +9,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, Value};
 use tokio_util::task::TaskTracker;
 
+use super::identity::Identity;
 use crate::clock;
 
 /// The first wait before a new connection after a connect-time failure; it doubles with each
@@ -30,6 +31,8 @@ pub(crate) struct LazyConnection {
     connect_timeout: Duration,
     /// Where the background connect runs, so that `Redlock::close` can wait for it.
     tasks: TaskTracker,
+    /// The server's identity, told of every connection lost (see [`Connection`]).
+    identity: Option<Arc<Identity>>,
 }
 
 /// The current manager, or why there is none and when to try again.
@@ -85,12 +88,16 @@ impl Refusals {
 }
 
 /// The connection a call uses: the shared manager, reporting connect-time failures back to
-/// its [`LazyConnection`].
+/// its [`LazyConnection`], and every lost connection to the server's identity, whatever the
+/// call (a lock call, an advisory one): redis-rs reconnects after it without a word, and the
+/// server may have restarted meanwhile, so its votes must not count before its identity is
+/// read again.
 #[derive(Clone)]
 pub(crate) struct Connection {
     manager: ConnectionManager,
     slot: Arc<Mutex<Slot>>,
     generation: u64,
+    identity: Option<Arc<Identity>>,
 }
 
 impl LazyConnection {
@@ -102,12 +109,22 @@ impl LazyConnection {
             slot: Arc::default(),
             connect_timeout,
             tasks: TaskTracker::new(),
+            identity: None,
         }
     }
 
     /// The same, with its background connect tracked by `tasks`.
     pub(crate) fn tracked_by(self, tasks: TaskTracker) -> Self {
         LazyConnection { tasks, ..self }
+    }
+
+    /// The same, telling `identity` of every connection lost (a lock server's: see
+    /// [`Connection`]).
+    pub(crate) fn reporting_to(self, identity: Arc<Identity>) -> Self {
+        LazyConnection {
+            identity: Some(identity),
+            ..self
+        }
     }
 
     /// The client this connection is made from (for a dedicated pub/sub connection).
@@ -129,6 +146,7 @@ impl LazyConnection {
                 manager: manager.clone(),
                 slot: Arc::clone(&self.slot),
                 generation: slot.generation,
+                identity: self.identity.clone(),
             });
         }
         slot.refusals.check()?;
@@ -150,6 +168,7 @@ impl LazyConnection {
             manager,
             slot: Arc::clone(&self.slot),
             generation: slot.generation,
+            identity: self.identity.clone(),
         };
         drop(slot);
         // The first connection only progresses while a call polls it, and every call
@@ -172,9 +191,16 @@ impl Connection {
         self.generation
     }
 
-    /// Notes how a command ended: a connect-time failure drops the manager (the next call
-    /// after the backoff makes a new one); a success ends a run of failures.
+    /// Notes how a command ended: a lost connection makes the server suspect of a restart
+    /// (its identity is read before the next lock call, and its votes do not count until
+    /// then); a connect-time failure drops the manager (the next call after the backoff makes
+    /// a new one); a success ends a run of failures.
     fn observe<T>(&self, result: &Result<T, RedisError>) {
+        if let (Err(err), Some(identity)) = (result, &self.identity)
+            && (err.is_io_error() || err.is_connection_dropped())
+        {
+            identity.suspect();
+        }
         let mut slot = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
         match result {
             Err(err) if needs_new_connection(err) => {

@@ -177,8 +177,7 @@ impl Identity {
         match read(conn).await {
             Ok(Some((run_id, uptime))) => self.observe(&run_id, uptime),
             Ok(None) => self.give_up("INFO server has no run_id or uptime"),
-            // Refused for good (an ACL without INFO, a proxy that does not know it).
-            Err(err) if matches!(err.code(), Some("NOPERM" | "ERR")) => {
+            Err(err) if refuses_info(err.code(), err.detail()) => {
                 self.give_up(&err.to_string());
             }
             Err(err) => {
@@ -194,6 +193,21 @@ impl Identity {
             "the server's run_id cannot be read: its restarts are not quarantined"
         );
         self.state().unsupported = true;
+    }
+}
+
+/// Whether an error (its `code` and `detail`) refuses `INFO` for good: no permission (an ACL
+/// without it) or a command the server or a proxy does not know. Any other error (`ERR max
+/// number of clients reached`, a server still loading) is passing: the server stays suspect,
+/// quarantined until its identity is read (fail closed), never trusted for good.
+fn refuses_info(code: Option<&str>, detail: Option<&str>) -> bool {
+    match code {
+        Some("NOPERM") => true,
+        Some("ERR") => detail.is_some_and(|detail| {
+            let detail = detail.to_ascii_lowercase();
+            detail.contains("unknown command") || detail.contains("unsupported command")
+        }),
+        _ => false,
     }
 }
 
@@ -229,6 +243,30 @@ mod tests {
         assert_eq!(parse(info), Some(("abc123".to_owned(), 42 * S)));
         assert_eq!(parse("run_id:abc\r\n"), None);
         assert_eq!(parse("uptime_in_seconds:x\r\nrun_id:a\r\n"), None);
+    }
+
+    #[test]
+    fn only_a_refusal_for_good_stops_the_identity_checks() {
+        assert!(refuses_info(
+            Some("NOPERM"),
+            Some("this user has no permissions")
+        ));
+        assert!(refuses_info(
+            Some("ERR"),
+            Some("unknown command 'INFO', with args beginning with: 'server'")
+        ));
+        assert!(refuses_info(Some("ERR"), Some("Unsupported command")));
+        // Passing errors: the server stays suspect (quarantined until read), not trusted.
+        assert!(!refuses_info(
+            Some("ERR"),
+            Some("max number of clients reached")
+        ));
+        assert!(!refuses_info(
+            Some("LOADING"),
+            Some("Redis is loading the dataset")
+        ));
+        assert!(!refuses_info(Some("ERR"), None));
+        assert!(!refuses_info(None, None));
     }
 
     #[test]

@@ -42,9 +42,12 @@ impl RedisNode {
     ) -> Self {
         let info = client.get_connection_info();
         let addr = format!("{}/{}", info.addr(), info.redis_settings().db());
-        let shared =
-            Arc::new(LazyConnection::new(client, connect_timeout(node_timeout)).tracked_by(tasks));
         let identity = Arc::new(Identity::new(quarantine));
+        let shared = Arc::new(
+            LazyConnection::new(client, connect_timeout(node_timeout))
+                .tracked_by(tasks)
+                .reporting_to(Arc::clone(&identity)),
+        );
         let connection = Arc::clone(&shared);
         let link_identity = Arc::clone(&identity);
         let queue = Queue::new(&addr, node_timeout, move || {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, ErrorKind, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::time::Sleep;
 
 use super::Op;
@@ -114,12 +114,34 @@ impl ServerLink {
         // Read: the plan's allocations are kept for the next batch.
         self.plan = plan;
         let mut outcome = answered?;
+        // A script the server no longer has: it may have restarted (plain commands before it
+        // went through, but their votes are counted knowing the server's state).
+        if outcome.noscript {
+            self.identity.suspect();
+            let checked = tokio::select! {
+                biased;
+                checked = self.check_identity(&mut conn) => checked,
+                () = deadline.as_mut() => Err(NodeFailure::Timeout(timeout)),
+            };
+            checked?;
+        }
         // Learnt before the refused commands run again in the script, so that a deadline
         // passing meanwhile (and the resent release) does not try the refused command again.
         if outcome.refused {
             self.learn(&conn, |natives| *natives = Natives::default());
         }
         let again = async {
+            // What runs again in the script runs after the whole pipeline: never a request
+            // whose lock has a later request in the batch (its release, after a failed
+            // attempt's acquire or after an extension), which already ran and must not be
+            // overtaken (the key would be set again after its release). Such a request fails
+            // instead: its lock is being released anyway.
+            let overtakes = |index: usize| {
+                let token = &runs[index].req.token;
+                runs[index + 1..]
+                    .iter()
+                    .any(|later| later.req.token == *token)
+            };
             // An extension refused by a plain command (the key missing, or another owner's)
             // runs again in the script, which sets a missing key again ("E") on a server out
             // of quarantine.
@@ -130,6 +152,7 @@ impl ServerLink {
                         && run.req.rw.is_none()
                         && matches!(outcome.replies[index], Some(Value::Int(0)))
                         && !outcome.again.contains(&index)
+                        && !overtakes(index)
                     {
                         outcome.again.push(index);
                     }
@@ -140,6 +163,13 @@ impl ServerLink {
                 .into_iter()
                 .map(|reply| Ok(reply.unwrap_or(Value::Nil)))
                 .collect();
+            outcome.again.retain(|&index| {
+                let overtaken = overtakes(index);
+                if overtaken {
+                    replies[index] = Err(not_run_again());
+                }
+                !overtaken
+            });
             if !outcome.again.is_empty() {
                 let mut call = Cmd::new();
                 let again = outcome.again.iter().map(|&i| &runs[i]);
@@ -318,4 +348,16 @@ impl Link for ServerLink {
         }
         Ok(Replies::All(replies))
     }
+}
+
+/// The failure of a request not run again in the script because a later request of its lock
+/// already ran (see `send_plain`).
+fn not_run_again() -> NodeFailure {
+    NodeFailure::Reply(RedisError::from((
+        ErrorKind::Extension,
+        "not run",
+        "the script was not run for this request: a later request of the same lock (its \
+         release) had already run on the node"
+            .to_owned(),
+    )))
 }

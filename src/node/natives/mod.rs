@@ -132,6 +132,9 @@ pub(super) struct Outcome {
     pub(super) again: Vec<usize>,
     /// Whether a plain command was refused (the link turns to the script for everything).
     pub(super) refused: bool,
+    /// Whether a script call met `NOSCRIPT`: the server may have restarted (its identity is
+    /// read before the requests run again).
+    pub(super) noscript: bool,
     /// Whether a release went through, plain or in a script call (see
     /// [`Natives::released`]).
     pub(super) released: bool,
@@ -235,9 +238,11 @@ impl Plan {
                     }
                     let reply = match (plain, first) {
                         // A key of another type is the acquire's own error, as in the
-                        // script; an extension or release of it changes nothing (0).
+                        // script; an extension or release of it changes nothing (0). Any
+                        // other error (READONLY, LOADING, BUSY) is that request's own.
                         (Plain::Acquire, err @ Value::ServerError(_)) => err,
-                        (_, Value::ServerError(_)) => Value::Int(0),
+                        (_, Value::ServerError(err)) if err.code() == "WRONGTYPE" => Value::Int(0),
+                        (_, err @ Value::ServerError(_)) => err,
                         // Free, or ours already: a repeat of this call after a lost
                         // connection, which landed after the attempt started.
                         (Plain::Acquire, Value::Nil) => Value::Int(1),
@@ -278,6 +283,7 @@ impl Plan {
                         }
                     }
                     Value::ServerError(err) if err.code() == "NOSCRIPT" => {
+                        outcome.noscript = true;
                         outcome.again.extend(range.clone());
                     }
                     other => {
@@ -311,10 +317,13 @@ impl ToRedisArgs for MarkOf<'_> {
 }
 
 /// Whether a plain command's error says the script must do its work: no permission for it
-/// (`NOPERM`), or a server that does not know it (`ERR unknown command`, after it was
-/// replaced by an older one).
+/// (`NOPERM`), or a server that does not know it (`ERR unknown command` for `DELIFEQ`, `ERR
+/// syntax error` for `SET … IFEQ`, after it was replaced by an older one).
 fn refuses_plain(code: &str, details: Option<&str>) -> bool {
-    code == "NOPERM" || (code == "ERR" && details.is_some_and(|d| d.starts_with("unknown command")))
+    code == "NOPERM"
+        || (code == "ERR"
+            && details
+                .is_some_and(|d| d.starts_with("unknown command") || d.starts_with("syntax error")))
 }
 
 /// What follows a batch whose [`Outcome`] asks for it, as one pipeline: the waiting marks,

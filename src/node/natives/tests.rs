@@ -167,7 +167,7 @@ fn a_refused_plain_command_or_a_missing_script_runs_again_in_the_script() {
         Value::Int(0),
     ];
     let outcome = plan.read(&runs, values);
-    assert!(outcome.refused);
+    assert!(outcome.refused && outcome.noscript);
     assert_eq!(outcome.again, vec![0, 1, 2]);
     assert_eq!(outcome.replies[3], Some(Value::Int(1)));
     assert!(follow_up(&outcome).is_none());
@@ -176,6 +176,32 @@ fn a_refused_plain_command_or_a_missing_script_runs_again_in_the_script() {
     let outcome = plan.read(&runs[1..2], vec![server_error("BUSY Redis is busy")]);
     assert!(matches!(outcome.replies[0], Some(Value::ServerError(_))));
     assert!(outcome.again.is_empty() && !outcome.refused);
+}
+
+#[test]
+fn a_plain_release_or_extension_keeps_its_own_server_error() {
+    let runs = [
+        run(Op::Release, &["r"], "t1"),
+        run(Op::Extend, &["e"], "t2"),
+        run(Op::Extend, &["old"], "t3"),
+    ];
+    let plan = Plan::new(&runs, ALL);
+    let values = vec![
+        server_error("LOADING Redis is loading the dataset in memory"),
+        Value::Int(0),
+        server_error("READONLY You can't write against a read only replica."),
+        // A server replaced by one without SET … IFEQ.
+        server_error("ERR syntax error"),
+    ];
+    assert_eq!(values.len(), plan.commands);
+    let outcome = plan.read(&runs, values);
+    // Errors, not "deleted nothing" / "not ours" (which would read as a lost lock).
+    assert!(matches!(outcome.replies[0], Some(Value::ServerError(_))));
+    assert!(matches!(outcome.replies[1], Some(Value::ServerError(_))));
+    // The old server's refusal turns the link to the script, which runs the request again.
+    assert!(outcome.refused && !outcome.noscript);
+    assert_eq!(outcome.again, vec![2]);
+    assert!(!outcome.released);
 }
 
 /// `COMMAND INFO`'s entry for a command the server has (its name first).
