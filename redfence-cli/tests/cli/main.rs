@@ -338,6 +338,37 @@ fn sigterm_to_redfence_reaches_the_child_and_the_lock_is_released() {
 }
 
 #[test]
+fn a_lock_the_nodes_no_longer_hold_for_us_stops_the_child_without_grace() {
+    let servers = Servers::start(3);
+    let files = Files::new();
+    // A command whose TERM trap takes 200 ms to finish: SIGKILL right after SIGTERM cuts
+    // it short; a grace of what is left of the lease (about the extension threshold, 500
+    // ms, when the round that finds the lock gone runs) would let it finish.
+    let script = format!(
+        "trap 'sleep 0.2; echo late > {late}; exit 0' TERM; echo up > {up}; \
+         while true; do sleep 0.02; done",
+        late = files.p("late"),
+        up = files.p("up")
+    );
+    let mut run = spawn_run(
+        &servers,
+        &["-r", "job", "--ttl", "3s", "--kill-after", "30s"],
+        &script,
+    );
+    wait_for("the command", || files.path("up").exists());
+    // Another owner's token on every node (a forced release and a new holder): the next
+    // extension round hears that the lock is not ours any more.
+    for node in 0..3 {
+        let _: () = servers.cmd(node, &["SET", "job", "another-owner", "PX", "60000"]);
+    }
+    assert_eq!(wait_exit(&mut run).code(), Some(LOST));
+    assert!(
+        !files.path("late").exists(),
+        "the command went on after the nodes said another owner holds the lock"
+    );
+}
+
+#[test]
 fn a_lost_majority_stops_the_child_before_the_ttl_runs_out() {
     let mut servers = Servers::start(3);
     let files = Files::new();
