@@ -186,21 +186,30 @@ async fn a_client_with_another_number_of_permits_is_refused() {
 
     let other = servers.patient();
     let three = other.semaphore("pool", 3).expect("semaphore");
-    match three.acquire(TTL).await {
-        Err(Error::SemaphoreSize { name, ours, stored }) => {
-            assert_eq!((name.as_str(), ours, stored.as_str()), ("pool", 3, "2"));
+    // The size is claimed beside the first tries of the slots: a refused client may take a
+    // free slot meanwhile (slot 2, which only it has, or the first client's other one), and
+    // must release it before it fails. Several times, so that some refusals do take one.
+    let free: Vec<String> = (0..3)
+        .filter(|&slot| slot != held.slot())
+        .map(|slot| format!("pool:semaphore:slot:{slot}"))
+        .collect();
+    for _ in 0..10 {
+        match three.acquire(TTL).await {
+            Err(Error::SemaphoreSize { name, ours, stored }) => {
+                assert_eq!((name.as_str(), ours, stored.as_str()), ("pool", 3, "2"));
+            }
+            other => panic!("expected SemaphoreSize, got {other:?}"),
         }
-        other => panic!("expected SemaphoreSize, got {other:?}"),
-    }
-    // Refused before any slot: slot 2 (only the 3-permit client has it) was never touched,
-    // and the stored size is unchanged.
-    for node in 0..3 {
-        assert!(servers.get(node, "pool:semaphore:slot:2").is_none());
-        assert_eq!(
-            servers.get(node, "pool:semaphore:size").as_deref(),
-            Some("2")
+        assert!(
+            eventually(|| free
+                .iter()
+                .all(|slot| servers.on_every_node(slot, Option::is_none)))
+            .await,
+            "a refused client left a slot held"
         );
     }
+    // The stored size is unchanged.
+    assert!(servers.on_every_node("pool:semaphore:size", |size| size.as_deref() == Some("2")));
     let message = three
         .try_acquire(TTL)
         .await
@@ -208,6 +217,47 @@ async fn a_client_with_another_number_of_permits_is_refused() {
         .to_string();
     assert!(message.contains('2') && message.contains('3'), "{message}");
     held.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn a_client_refused_after_it_took_a_slot_releases_the_slot_first() {
+    let servers = Servers::start(3);
+    // Another number of permits, stored as a long string of digits: its claim's reply is
+    // slow (megabytes), so the refused client's first try of a slot is granted before the
+    // refusal arrives.
+    let stored = "7".repeat(16 << 20);
+    for node in 0..3 {
+        let _: () = redis::cmd("SET")
+            .arg("slow:semaphore:size")
+            .arg(&stored)
+            .query(&mut servers.conn(node))
+            .expect("SET");
+    }
+    let redlock = servers.patient();
+    let three = redlock.semaphore("slow", 3).expect("semaphore");
+    let slots: Vec<String> = three.slots().to_vec();
+    for _ in 0..3 {
+        match three.acquire(TTL).await {
+            Err(Error::SemaphoreSize { ours, stored, .. }) => {
+                assert_eq!((ours, stored.len()), (3, 16 << 20));
+            }
+            other => panic!("expected SemaphoreSize, got {other:?}"),
+        }
+        // Returned only after the slot it took was released on a majority.
+        assert!(
+            slots
+                .iter()
+                .all(|slot| (0..3).filter(|&n| servers.get(n, slot).is_none()).count() >= 2),
+            "a slot is still held on a majority after the refusal"
+        );
+        assert!(
+            eventually(|| slots
+                .iter()
+                .all(|slot| servers.on_every_node(slot, Option::is_none)))
+            .await,
+            "a refused client left a slot held"
+        );
+    }
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@
 //!
 //! Figures: permits granted per second against the ideal (K / HOLD), the wait p50/p99/max, the
 //! most holders seen at one instant (by validity windows: at most K), and each side's ratio to
-//! the split mutexes.
+//! the split mutexes; then one permit's uncontended acquire + release against a mutex's.
 
 use super::*;
 
@@ -123,6 +123,29 @@ fn client(urls: &[String], fair: bool) -> Redlock {
         .expect("config")
 }
 
+/// Uncontended, one at a time: a permit's acquire + release against a mutex's, on one
+/// client, in alternating blocks of 50 (so that a machine whose speed drifts weighs on both).
+async fn uncontended(redlock: &Redlock, name: &str) -> (Stats, Stats) {
+    let semaphore = redlock.semaphore(name, PERMITS).expect("semaphore");
+    let mutex = format!("{name}:mutex");
+    let (mut permits, mut mutexes) = (Vec::new(), Vec::new());
+    for _ in 0..10 {
+        for _ in 0..50 {
+            let start = Instant::now();
+            let permit = semaphore.acquire(LEASE).await.expect("permit");
+            permit.release().await.expect("release");
+            permits.push(start.elapsed());
+        }
+        for _ in 0..50 {
+            let start = Instant::now();
+            let lock = redlock.acquire(&[&mutex], LEASE).await.expect("mutex");
+            lock.release().await.expect("release");
+            mutexes.push(start.elapsed());
+        }
+    }
+    (stats(permits), stats(mutexes))
+}
+
 /// Runs every side on `urls`, the semaphore's first, and prints them side by side.
 pub async fn scenario(urls: &[String]) {
     let one = [client(urls, false)];
@@ -191,4 +214,16 @@ pub async fn scenario(urls: &[String]) {
         print!(" {:>20}", report.most_at_once());
     }
     println!(" {:>12}", split.most_at_once());
+    let (permit, mutex) = uncontended(&one[0], &format!("bench:semau:{stamp}")).await;
+    for (q, a, b) in [
+        ("p50", permit.p50, mutex.p50),
+        ("p99", permit.p99, mutex.p99),
+    ] {
+        println!(
+            "uncontended acquire+release {q}: permit {} vs mutex {} ({:.2}x)",
+            micros(a),
+            micros(b),
+            a.as_secs_f64() / b.as_secs_f64()
+        );
+    }
 }

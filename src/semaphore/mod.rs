@@ -21,11 +21,13 @@
 //!
 //! **The size key** holds K, written on each node only if absent (`scripts/claim.lua`) and
 //! refreshed by every acquisition to live `max(24 h, 2 × ttl)`: a semaphore nobody uses leaves
-//! nothing behind after a day. An acquisition proceeds only if a majority of nodes store its K;
-//! two Ks cannot both have a majority, so while the key lives, clients with another K are
-//! refused ([`Error::SemaphoreSize`]). The key is a guard against misconfiguration, not the
-//! safety argument: clients with K1 and K2 share slots 0.., so even after the key expired (a
-//! permit held over a day with no acquisition since) at most `max(K1, K2)` could hold.
+//! nothing behind after a day. An acquisition hands out a permit only if a majority of nodes
+//! store its K (claimed beside its first tries of the slots, not before them); two Ks cannot
+//! both have a majority, so while the key lives, clients with another K are refused
+//! ([`Error::SemaphoreSize`]), and a slot such a client took meanwhile is released. The key is
+//! a guard against misconfiguration, not the safety argument: clients with K1 and K2 share
+//! slots 0.., so even after the key expired (a permit held over a day with no acquisition
+//! since) at most `max(K1, K2)` could hold.
 //!
 //! **Redis Cluster voters**: the slot keys and the size key are separate calls, so any name
 //! works; [`Semaphore::inspect`] reads all slots in one call, so on a Cluster voter it needs a
@@ -46,20 +48,19 @@
 //! semaphore's line, `<name>:semaphore:line`: an ordinary fair lock (the nodes' queue orders
 //! its waiters across processes), without a fencing token, kept alive by the lease keeper for
 //! as long as its holder goes round. Its holder alone goes round the slots (outside the slots'
-//! own queues), and releases the line once it has a permit, or has given up; the next waiter
-//! in line is then told. The line is released in the background: the permit is returned
-//! without waiting for a slow node's answer. Waiting for the line and going round each have
-//! the retry budget (so up to twice `retry_count` retries in all); `acquire_timeout` bounds
-//! both together, give or take the round trip that claims the size. A `try_acquire` tries
-//! the line once, so it is [`Error::Contended`] (on the line's name) while any other
-//! acquisition holds the line, even with slots free: it never passes a waiter. The line
-//! orders; it is not the safety argument: a holder whose line expired (a stalled process)
-//! only costs the order, as each slot is still a Redlock mutex. The line's TTL is the
-//! shortest the lease keeper extends well (a second above the extension threshold, about
+//! own queues), and releases the line once it has a permit, or has given up; the next waiter in
+//! line is then told. The line is released in the background: the permit is returned without
+//! waiting for a slow node's answer. Waiting for the line and going round each have the retry
+//! budget (so up to twice `retry_count` retries in all); `acquire_timeout` bounds both
+//! together. A `try_acquire` tries the line once, so it is [`Error::Contended`] (on the line's
+//! name) while any other acquisition holds the line, even with slots free: it never passes a
+//! waiter. The line orders; it is not the safety argument: a holder whose line expired (a
+//! stalled process) only costs the order, as each slot is still a Redlock mutex. The line's TTL
+//! is the shortest the lease keeper extends well (a second above the extension threshold, about
 //! 1.5 s by default), so a process that died holding it holds up the waiters that long; its
 //! extensions are not bound by `max_extensions` or `max_hold`. The line is a lock like any
-//! other to metrics, tracing and the event hook: its acquisitions and extensions appear
-//! under `<name>:semaphore:line`.
+//! other to metrics, tracing and the event hook: its acquisitions and extensions appear under
+//! `<name>:semaphore:line`.
 
 mod permit;
 mod size;
@@ -303,8 +304,46 @@ impl Semaphore {
         validate_ttl(ttl, config.drift_factor)?;
         let started = clock::now();
         let deadline = config.acquire_timeout.and_then(|t| started.checked_add(t));
-        // Once per call: the size cannot change while a majority stores ours (refreshed here).
-        size::claim(shared, &self.name, &self.size_key, self.permits, ttl).await?;
+        // Once per call, beside the search for a slot rather than before it (a round trip
+        // less): the size cannot change while a majority stores ours (refreshed here). A
+        // client with another number of permits may so hold a slot for a round trip; it never
+        // hands that permit out (it releases it and fails), and the K bound counts permits
+        // handed out.
+        let claim = size::claim(shared, &self.name, &self.size_key, self.permits, ttl);
+        let find = self.find(ttl, retry, started, deadline);
+        tokio::pin!(claim, find);
+        let mut claimed = false;
+        let found = loop {
+            tokio::select! {
+                // Refused: the search is dropped (cancel-safe: its attempts release).
+                result = &mut claim, if !claimed => {
+                    result?;
+                    claimed = true;
+                }
+                found = &mut find => break found,
+            }
+        };
+        if !claimed && let Err(error) = claim.await {
+            if let Ok(permit) = found {
+                // Best effort: a release that fails leaves the slot to its TTL.
+                let _ = permit.release().await;
+            }
+            return Err(error);
+        }
+        found
+    }
+
+    /// Finds a slot (see [`Semaphore`]): in fair mode through the line, otherwise in this
+    /// process's line of waiters; `started` and `deadline` are the acquisition's.
+    async fn find(
+        &self,
+        ttl: Duration,
+        retry: bool,
+        started: Instant,
+        deadline: Option<Instant>,
+    ) -> Result<Permit, Error> {
+        let shared = self.redlock.shared();
+        let config = &shared.config;
         if let Some(line) = &self.line {
             // Across processes, waiters take turns through the line lock, granted in the
             // order they asked (the nodes' fair queue, and this process's line before it);
