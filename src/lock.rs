@@ -110,6 +110,9 @@ impl Lock {
         let started = clock::now();
         let result = self.extend_round(ttl).instrument(span.clone()).await;
         if result.as_ref().is_err_and(Error::is_lock_lost) {
+            // Nothing is left to count on once the nodes said the keys are not ours:
+            // `remaining()` is zero and `is_expired()` true from now on.
+            self.expires_at = self.expires_at.min(clock::now());
             self.hold_lost();
         }
         trace::outcome(&span, result.as_ref().map(|()| "extended"), started);

@@ -298,8 +298,9 @@ fn an_absurd_lock_delay_or_quarantine_is_refused() {
 }
 
 /// The batch script's "E" (extend and repair) straight on a server: keys that hold the token
-/// are re-armed, missing ones set again, all or nothing; another owner's key (or a key of
-/// another type) refuses the whole operation and changes nothing. "e" never sets a key.
+/// are re-armed, missing ones set again, all or nothing, and only a round that set nothing
+/// again confirms; another owner's key (or a key of another type) refuses the whole operation
+/// and changes nothing. "e" never sets a key.
 #[test]
 fn extend_and_repair_sets_only_missing_keys_all_or_nothing() {
     const SCRIPT: &str = include_str!("../src/scripts/batch.lua");
@@ -316,11 +317,14 @@ fn extend_and_repair_sets_only_missing_keys_all_or_nothing() {
     // "e" on a missing key: refused, nothing set.
     assert_eq!(run(&["mine", "gone"], &["e", "tok", "60000", "2"]), vec![0]);
     assert_eq!(servers.get(0, "gone"), None);
-    // "E": ours re-armed, the missing one set again.
-    assert_eq!(run(&["mine", "gone"], &["E", "tok", "60000", "2"]), vec![2]);
+    // "E": ours re-armed, the missing one set again; a repair is no confirmation (0: this
+    // node's vote does not count this round).
+    assert_eq!(run(&["mine", "gone"], &["E", "tok", "60000", "2"]), vec![0]);
     assert_eq!(servers.get(0, "gone").as_deref(), Some("tok"));
     assert!(servers.pttl(0, "mine") > 50_000);
     assert!(servers.pttl(0, "gone") > 50_000);
+    // The next round finds both holding the token: confirmed.
+    assert_eq!(run(&["mine", "gone"], &["E", "tok", "60000", "2"]), vec![2]);
     // Another owner's key, or one of another type: nothing changes.
     let replies = run(
         &["missing1", "theirs", "missing2", "hash"],

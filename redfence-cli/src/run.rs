@@ -5,7 +5,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::time::Duration;
 
-use redfence::{Backoff, Error, FencingError, LossReason, Redlock, RwLock, Semaphore, Signal};
+use redfence::{Backoff, Error, FencingError, Redlock, RwLock, Semaphore, Signal};
 
 /// How long the fencing counter may take to issue a token (the library's default).
 const FENCING_TIMEOUT: Duration = Duration::from_secs(1);
@@ -293,15 +293,9 @@ impl Scope<'_> {
                     }
                     // Nothing of the command may run past the lease: the grace is what is
                     // left of it, when that is shorter than --kill-after; none at all when
-                    // the nodes said the lock is no longer ours (another holder may run).
-                    let grace = if matches!(
-                        error,
-                        Error::LockLost { reason: LossReason::NotHeld { .. }, .. }
-                    ) {
-                        Duration::ZERO
-                    } else {
-                        self.args.kill_after.min(signal.remaining())
-                    };
+                    // the nodes said the lock is no longer ours (another holder may run:
+                    // the signal then reports no validity left).
+                    let grace = self.args.kill_after.min(signal.remaining());
                     tracing::error!(
                         "{error}: stopping the command (SIGTERM, SIGKILL after {})",
                         humantime::format_duration(grace)

@@ -2,6 +2,7 @@
 //! their defaults (the timing rule is checked in `timing.rs`).
 
 use std::fmt;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -109,6 +110,9 @@ pub(super) struct Inner {
     pub(super) hooks: Hooks,
     /// The term this candidate leads now, for [`Election::resign`].
     pub(super) current: Mutex<Option<Leadership>>,
+    /// How many times [`Election::resign`] was called: a term won by an attempt that was in
+    /// flight meanwhile starts resigned.
+    pub(super) resigns: AtomicU64,
 }
 
 impl Redlock {
@@ -278,6 +282,7 @@ impl ElectionBuilder {
                 rejoin: self.rejoin,
                 hooks: self.hooks,
                 current: Mutex::new(None),
+                resigns: AtomicU64::new(0),
             }),
         })
     }

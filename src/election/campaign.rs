@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::builder::{Hook, Inner};
@@ -11,7 +12,7 @@ use super::leadership::{Leadership, Tenure};
 use super::record::Leader;
 use super::renewal::Renewal;
 use crate::clock;
-use crate::error::{ConfigError, Error};
+use crate::error::{ConfigError, Error, LossReason};
 use crate::guard::Finishing;
 use crate::lease::{self, Lease, OnLoss, Schedule, StopOnDrop, Times};
 use crate::lock::Lock;
@@ -24,8 +25,8 @@ where
     E: From<Error>,
 {
     loop {
-        let lock = campaign(inner).await?;
-        match lead(inner, lock, &mut routine).await {
+        let (lock, resigns) = campaign(inner).await?;
+        match lead(inner, lock, resigns, &mut routine).await {
             Err(_) if inner.rejoin => {
                 tracing::info!(election = %inner.name, "term ended with an error; campaigning again");
                 tokio::time::sleep(jittered(inner.timing.retry_period)).await;
@@ -36,16 +37,18 @@ where
 }
 
 /// Tries to take the election's lock once every retry period until it succeeds, or until
-/// an error that another attempt cannot fix.
-async fn campaign(inner: &Inner) -> Result<Lock, Error> {
+/// an error that another attempt cannot fix. With the lock, how many resigns had been asked
+/// for when the winning attempt started.
+async fn campaign(inner: &Inner) -> Result<(Lock, u64), Error> {
     loop {
         let started = clock::now();
+        let resigns = inner.resigns.load(Ordering::SeqCst);
         match inner
             .redlock
             .try_acquire(&[&inner.resource], inner.timing.lease)
             .await
         {
-            Ok(lock) => return Ok(lock),
+            Ok(lock) => return Ok((lock, resigns)),
             Err(error @ (Error::InvalidInput(_) | Error::Config(_) | Error::Closed)) => {
                 return Err(error);
             }
@@ -75,8 +78,14 @@ const JITTER: f64 = 0.2;
 
 /// Leads one term with `lock`: writes the record, hands the lock to a lease keeper on the
 /// election's timing, runs the routine, then stops the keeper (which steps down) and waits
-/// for it.
-async fn lead<T, E, F, Fut>(inner: &Arc<Inner>, lock: Lock, routine: &mut F) -> Result<T, E>
+/// for it. `resigns`: the resigns asked for when the winning attempt started; one asked for
+/// since makes the term start resigned.
+async fn lead<T, E, F, Fut>(
+    inner: &Arc<Inner>,
+    lock: Lock,
+    resigns: u64,
+    routine: &mut F,
+) -> Result<T, E>
 where
     F: FnMut(Leadership) -> Fut,
     Fut: Future<Output = Result<T, E>>,
@@ -105,17 +114,24 @@ where
     };
     let state = Arc::new(tenure.lease(inner.resource.clone(), times));
     let renewal = Renewal::new(lock, inner, leader.clone());
+    let leadership = Leadership {
+        state: Arc::clone(&state),
+    };
+    // From here on the term counts as led: `on_stopped_leading` runs however it ends, and
+    // `Election::resign` finds it, also while the record is being written (the routine then
+    // starts with its signal aborted, and the keeper releases the lock at once).
+    let _term = Term::start(inner, leadership.clone());
+    // A resign asked for while the attempt was in flight (before the term was registered,
+    // so that it found nothing to resign): the term starts resigned.
+    if inner.resigns.load(Ordering::SeqCst) != resigns {
+        state.abort(state.loss(LossReason::Resigned));
+        state.stop();
+    }
     // Advisory, and cut off at the first renewal: a slow node must not delay the term.
     let written = tokio::time::timeout(timing.retry_period, renewal.write_record())
         .await
         .ok();
     tracing::info!(election = %inner.name, %leader, records = ?written, "elected");
-
-    let leadership = Leadership {
-        state: Arc::clone(&state),
-    };
-    // From here on the term counts as led: `on_stopped_leading` runs however it ends.
-    let _term = Term::start(inner, leadership.clone());
     // Dropped (the routine returned, or the candidate shut down midway), the keeper steps
     // down, and `Redlock::close` waits for it.
     let stop = StopOnDrop(Arc::clone(&state));

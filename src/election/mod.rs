@@ -15,6 +15,7 @@ mod timing;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::Stream;
@@ -111,11 +112,16 @@ impl Election {
     /// [`LossReason::Resigned`](crate::LossReason::Resigned), and the record and the lock are
     /// released, so another candidate takes over at its next attempt (within one
     /// `retry_period`) instead of waiting out the lease. Returns once the lock is released
-    /// (each node bounded by the node timeout); does nothing when not leading.
+    /// (each node bounded by the node timeout); does nothing when not leading, except that a
+    /// term won by an attempt in flight when it is called starts resigned (its routine sees
+    /// the signal fired, and its lock is released at once).
     ///
     /// The routine keeps running until it sees the signal: stop writing before resigning,
     /// or rely on the term to fence late writes.
     pub async fn resign(&self) {
+        // Counted first: a term won by an attempt in flight now, not registered yet, sees the
+        // count change and starts resigned (see `campaign::lead`).
+        self.inner.resigns.fetch_add(1, Ordering::SeqCst);
         let current = self.inner.current.lock().ok().and_then(|c| c.clone());
         if let Some(leadership) = current {
             leadership.resign().await;

@@ -115,7 +115,9 @@ local function lib()
   -- Extend and repair ("E"): when every key of the operation holds token or is missing (a
   -- server restarted without persistence forgot it), re-arms the ones that hold it and sets
   -- the missing ones again (SET NX: never over another owner's key); otherwise 0, nothing
-  -- changed.
+  -- changed. A repair is no confirmation: the reply is count only when every key still held
+  -- token, 0 when one had to be set again (a key that vanished may have been another owner's
+  -- in between, so this node's vote does not count this round; the next round's does).
   local function extend_repair(first, last, token, ttl, count)
     for j = first, last do
       local value = redis.pcall("GET", KEYS[j])
@@ -123,12 +125,14 @@ local function lib()
         return 0
       end
     end
+    local reply = count
     for j = first, last do
       if redis.call("PEXPIRE", KEYS[j], ttl) == 0 then
         redis.call("SET", KEYS[j], token, "NX", "PX", ttl)
+        reply = 0
       end
     end
-    return count
+    return reply
   end
 
   -- Marks key as waited for, for ms or MIN_WAIT_MARK (see the top): its next release

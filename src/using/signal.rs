@@ -91,9 +91,19 @@ impl Signal {
         self.state.error().cloned()
     }
 
-    /// How much validity the lock has left (zero once expired). Grows back after every
-    /// extension.
+    /// How much validity the lock has left: zero once expired, and once the lock is gone for
+    /// sure, whatever was left of it (a majority answered that the keys are no longer ours,
+    /// the scope released it, the leader resigned). A signal aborted with validity still
+    /// guaranteed (extensions kept failing, or the renewal limit) reports what is left: the
+    /// time to stop cleanly. Grows back after every extension.
     pub fn remaining(&self) -> Duration {
+        if let Some(Error::LockLost {
+            reason: LossReason::NotHeld { .. } | LossReason::Released | LossReason::Resigned,
+            ..
+        }) = self.state.error()
+        {
+            return Duration::ZERO;
+        }
         self.state
             .expires_at()
             .saturating_duration_since(clock::now())
