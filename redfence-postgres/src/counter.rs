@@ -10,7 +10,7 @@ use tokio_postgres::{Client, Config, NoTls, Socket};
 
 use crate::issuer::{Connector, CounterError, PgIssuer, Source};
 use crate::sql::CounterSql;
-use crate::stripes::StripedSql;
+use crate::stripes::{STRIPE_ROW_PREFIX, StripedSql};
 use crate::{chain, describe_config};
 use redfence::BoxError;
 use redfence::FencingCounter;
@@ -280,7 +280,10 @@ impl PostgresCounter {
     /// 'redfence:stripe:%/S') NOT VALID`, is added. From then on **every per-resource write
     /// to the table fails**: a client of the per-resource mode (of this version or an older
     /// one) fails closed, each of its locks with `Error::Fencing`, instead of issuing tokens
-    /// unrelated to the stripes; so does a client configured with another stripe count. So
+    /// unrelated to the stripes; so does a client configured with another stripe count. (A
+    /// resource whose name starts with `redfence:stripe:` would pass the constraint as a
+    /// stripe's row: this version's per-resource counter refuses such names before any
+    /// traffic, `InvalidInput::ResourceNotFenceable`; an older client does not.) So
     /// the two modes never mix on one table, but switching is all at once: move every client
     /// of the table to the same `striped(…)` in one deploy (the old ones fail closed until
     /// then). Adding the constraint needs the table's owner: if the counter's role is not,
@@ -384,6 +387,14 @@ impl FencingCounter for PostgresCounter {
                  PostgreSQL fencing counter cannot store its counter"
                     .to_owned(),
             );
+        }
+        // Per resource, its row would be a stripe's, which the striped table's constraint
+        // lets through: two sequences for one resource once the table is striped.
+        if self.stripes().is_none() && resource.starts_with(STRIPE_ROW_PREFIX) {
+            return Err(format!(
+                "names starting with {STRIPE_ROW_PREFIX:?} are the PostgreSQL fencing \
+                 counter's stripe rows: a per-resource counter cannot fence them"
+            ));
         }
         Ok(())
     }

@@ -421,7 +421,9 @@ fn cached(connector: &Connector) -> Result<Option<Arc<Client>>, CounterError> {
 
 /// Refuses a session whose commits are acknowledged before they are durable
 /// (`synchronous_commit = off`, for the role, the database or in the connection's options):
-/// a crash could lose tokens already handed out, and hand them out again.
+/// a crash could lose tokens already handed out, and hand them out again. A durable setting is
+/// then pinned to the session (`SET`), so that a configuration reload turning it off for the
+/// server (`ALTER SYSTEM`, `pg_reload_conf()`) does not reach the counter's connection.
 async fn durable_commits(client: &Client, target: &str) -> Result<(), CounterError> {
     // The simple protocol: no named statement, which a pooler could lose or mix up.
     let messages = client
@@ -440,5 +442,15 @@ async fn durable_commits(client: &Client, target: &str) -> Result<(), CounterErr
              on for the counter's role or database (or in its connection options)",
         ));
     }
+    // The setting as read (never weakened: `remote_apply` stays), or `on` when the server
+    // named none; only the values PostgreSQL knows go into the statement.
+    let pinned = match setting {
+        Some(value @ ("on" | "local" | "remote_write" | "remote_apply")) => value,
+        _ => "on",
+    };
+    client
+        .simple_query(&format!("SET synchronous_commit TO {pinned}"))
+        .await
+        .map_err(|err| CounterError::pg(format!("pinning synchronous_commit on {target}"), err))?;
     Ok(())
 }

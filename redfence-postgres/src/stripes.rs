@@ -38,9 +38,13 @@ pub(crate) struct StripedSql {
     issue: String,
 }
 
+/// How every stripe row's name starts: a per-resource counter refuses resources named so
+/// (their row would be a stripe's, which the striped table's constraint lets through).
+pub(crate) const STRIPE_ROW_PREFIX: &str = "redfence:stripe:";
+
 /// The counter table's row of stripe `i` of `count`.
 fn row_name(i: u32, count: u32) -> String {
-    format!("redfence:stripe:{i}/{count}")
+    format!("{STRIPE_ROW_PREFIX}{i}/{count}")
 }
 
 impl StripedSql {
