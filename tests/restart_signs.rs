@@ -64,7 +64,7 @@ fn one_shot(servers: &Servers) -> Redlock {
         .expect("valid config")
 }
 
-/// CORRECT BEHAVIOUR (expected to pass): the quarantine also holds on servers where a one-key
+/// the quarantine also holds on servers where a one-key
 /// lock goes as plain commands (no NOSCRIPT reveals the restart there): the lost connection
 /// does.
 async fn restart_is_quarantined_on_plain_commands(mut servers: Servers) {
@@ -157,14 +157,14 @@ async fn valkey9_restart_seen_by_inspect_is_still_quarantined() {
     restart_seen_by_an_advisory_call(valkey9(5), false, true).await;
 }
 
-/// Control (expected to pass): the same without B's `inspect`: B's own lock call meets the
+/// Control: the same without B's `inspect`: B's own lock call meets the
 /// dropped connection, suspects a restart and reads node 2's new run_id: quarantined.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn valkey9_control_restart_without_inspect_is_quarantined() {
     restart_seen_by_an_advisory_call(valkey9(5), false, false).await;
 }
 
-/// Control (expected to pass), Redis 7.0 (the script path), as above.
+/// Control, Redis 7.0 (the script path), as above.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis7_control_restart_without_inspect_is_quarantined() {
     restart_seen_by_an_advisory_call(Servers::start(5), true, false).await;
@@ -175,7 +175,67 @@ async fn redis7_restart_seen_by_inspect_is_still_quarantined() {
     restart_seen_by_an_advisory_call(Servers::start(5), true, true).await;
 }
 
-/// CORRECT BEHAVIOUR (expected to pass): on plain commands too, an extension does not set
+/// Over RESP3, redis-rs reconnects as soon as a server closes the connection, between calls:
+/// no call of B sees the loss (a restarted server would pass unnoticed until the periodic
+/// check). Its disconnection notice makes the server suspect: B's next lock call reads the
+/// server's identity first (an `INFO` before it, within the second in which no periodic check
+/// is due).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resp3_connection_closed_between_calls_makes_the_server_suspect() {
+    let servers = valkey9(3);
+    let b = Redlock::builder()
+        .nodes(
+            servers
+                .urls()
+                .iter()
+                .map(|url| format!("{url}/0?protocol=resp3")),
+        )
+        .retry_count(0)
+        .node_timeout(PATIENT)
+        .build()
+        .expect("valid config");
+    let info_calls = || servers.command_stat(2, "info", "calls");
+    let resp3_clients = || {
+        servers
+            .cmd::<String>(2, &["CLIENT", "LIST"])
+            .lines()
+            .filter(|line| line.contains("resp=3"))
+            .count()
+    };
+    // A few tries: each must fit in the second after an identity read.
+    for _ in 0..5 {
+        let warm = b
+            .try_acquire(&["signs:warm"], Duration::from_secs(5))
+            .await
+            .expect("warm");
+        warm.release().await.expect("release");
+        let read_at = Instant::now();
+        let before = info_calls();
+        // The server closes B's connection; B reconnects at once, without a call.
+        let _: i64 = servers.cmd(2, &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
+        assert!(
+            eventually(|| resp3_clients() == 1).await,
+            "B reconnected in the background"
+        );
+        let lock = b
+            .try_acquire(&["signs:next"], Duration::from_secs(5))
+            .await
+            .expect("acquire");
+        lock.release().await.expect("release");
+        if read_at.elapsed() >= Duration::from_millis(900) {
+            continue; // a periodic check may have been due: not telling
+        }
+        // (Reading the count is an `INFO` too: one more than `before` is ours.)
+        assert!(
+            info_calls() > before + 1,
+            "no identity read after the connection was closed between calls"
+        );
+        return;
+    }
+    panic!("never within a second of an identity read");
+}
+
+/// on plain commands too, an extension does not set
 /// the key again on a restarted server while it is quarantined (a refused `SET … IFEQ` runs
 /// again as "E" only out of quarantine), and does once the quarantine ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -228,7 +288,7 @@ async fn valkey9_repair_waits_for_the_quarantine() {
     lock.release().await.expect("release");
 }
 
-/// CORRECT BEHAVIOUR (expected to pass): lock-delay on plain commands: server TTL is
+/// lock-delay on plain commands: server TTL is
 /// `ttl + delay`, validity at most `ttl`, also after an extension.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn valkey9_lock_delay_on_plain_commands() {
@@ -261,7 +321,7 @@ async fn valkey9_lock_delay_on_plain_commands() {
     assert!(eventually(|| servers.on_every_node(RES, Option::is_none)).await);
 }
 
-/// CORRECT BEHAVIOUR (expected to pass): a majority of servers restarted under a held
+/// a majority of servers restarted under a held
 /// `using()` lock: the holder is told (the signal aborts) well before its keys could have
 /// been valid elsewhere, since the quarantined servers' refusals count as refusals.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, Value};
+use redis::{
+    Client, Cmd, ErrorKind, Pipeline, ProtocolVersion, PushInfo, PushKind, RedisError, RedisFuture,
+    Value,
+};
 use tokio_util::task::TaskTracker;
 
 use super::identity::Identity;
@@ -150,7 +153,26 @@ impl LazyConnection {
             });
         }
         slot.refusals.check()?;
-        let config = ConnectionManagerConfig::new()
+        let mut config = ConnectionManagerConfig::new();
+        // Over RESP3 redis-rs reconnects as soon as the server closes the connection, between
+        // calls, so no call sees the loss: its disconnection notice makes the server suspect.
+        if let Some(identity) = &self.identity
+            && self
+                .client
+                .get_connection_info()
+                .redis_settings()
+                .protocol()
+                == ProtocolVersion::RESP3
+        {
+            let identity = Arc::clone(identity);
+            config = config.set_push_sender(move |push: PushInfo| {
+                if push.kind == PushKind::Disconnection {
+                    identity.suspect();
+                }
+                Ok::<(), std::convert::Infallible>(())
+            });
+        }
+        let config = config
             .set_connection_timeout(Some(self.connect_timeout))
             // Every call is bounded by node_timeout in the quorum logic; a response
             // timeout here would only race with it.
