@@ -236,20 +236,17 @@ async fn a_client_refused_after_it_took_a_slot_releases_the_slot_first() {
     let redlock = servers.patient();
     let three = redlock.semaphore("slow", 3).expect("semaphore");
     let slots: Vec<String> = three.slots().to_vec();
+    // A permit TTL far beyond the wait below: a slot left held would still be there.
+    let ttl = Duration::from_secs(60);
     for _ in 0..3 {
-        match three.acquire(TTL).await {
+        match three.acquire(ttl).await {
             Err(Error::SemaphoreSize { ours, stored, .. }) => {
                 assert_eq!((ours, stored.len()), (3, 16 << 20));
             }
             other => panic!("expected SemaphoreSize, got {other:?}"),
         }
-        // Returned only after the slot it took was released on a majority.
-        assert!(
-            slots
-                .iter()
-                .all(|slot| (0..3).filter(|&n| servers.get(n, slot).is_none()).count() >= 2),
-            "a slot is still held on a majority after the refusal"
-        );
+        // Released (awaited when the slot was granted first; in the background when the
+        // refusal came first and the try was dropped half-way, as any cancelled attempt).
         assert!(
             eventually(|| slots
                 .iter()
