@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use redfence::{Error, FencingCounter, LossReason, MemoryCounter, Redlock};
 use support::proxy::{Mode, Proxy};
-use support::{DEADLINE, PATIENT, Servers, TestRedlock, eventually, warm_up};
+use support::{DEADLINE, Servers, TestRedlock, eventually, warm_up};
 use tokio::sync::mpsc;
 
 const MS: Duration = Duration::from_millis(1);
@@ -69,11 +69,7 @@ async fn an_extension_confirmed_after_the_local_expiry_does_not_revive_the_lock(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signal_kept_after_the_scope_reports_no_validity() {
     let servers = Servers::start(3);
-    let redlock = servers
-        .builder()
-        .node_timeout(PATIENT)
-        .build()
-        .expect("config");
+    let redlock = servers.patient();
     warm_up(&redlock).await;
     let kept = redlock
         .using(&["job"], Duration::from_secs(5), |signal| async move {
@@ -104,16 +100,8 @@ async fn a_signal_kept_after_the_scope_reports_no_validity() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signal_aborted_by_not_held_reports_no_validity() {
     let servers = Servers::start(3);
-    let redlock = servers
-        .builder()
-        .node_timeout(PATIENT)
-        .build()
-        .expect("config");
-    let other = servers
-        .builder()
-        .node_timeout(PATIENT)
-        .build()
-        .expect("config");
+    let redlock = servers.patient();
+    let other = servers.patient();
     warm_up(&redlock).await;
     warm_up(&other).await;
     let nodes = &servers;
@@ -173,16 +161,8 @@ async fn held_on_every_node(servers: &Servers, token: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_keeper_does_not_revive_a_lock_another_owner_took_and_released() {
     let servers = Servers::start(3);
-    let redlock = servers
-        .builder()
-        .node_timeout(PATIENT)
-        .build()
-        .expect("config");
-    let other = servers
-        .builder()
-        .node_timeout(PATIENT)
-        .build()
-        .expect("config");
+    let redlock = servers.patient();
+    let other = servers.patient();
     warm_up(&redlock).await;
     warm_up(&other).await;
     let nodes = &servers;
@@ -255,11 +235,7 @@ async fn the_keeper_does_not_revive_a_lock_another_owner_took_and_released() {
 async fn a_late_extension_does_not_set_again_a_lock_another_owner_held_meanwhile() {
     let servers = Servers::start(3);
     let (proxies, redlock) = proxied(&servers).await;
-    let other = servers
-        .builder()
-        .node_timeout(PATIENT)
-        .build()
-        .expect("config");
+    let other = servers.patient();
     warm_up(&other).await;
     let mut lock = redlock
         .acquire(&["job"], Duration::from_millis(1_000))

@@ -7,22 +7,11 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use redfence::{Error, Lock, NodeFailure, Redlock};
+use redfence::{Error, Redlock};
+use support::restarted::{hold_on_0_to_2, quarantined};
 use support::{PATIENT, Servers, TestRedlock, eventually, warm_up};
 
 const RES: &str = "ledger:restart-signs";
-
-/// The nodes of `err` that were quarantined.
-fn quarantined(err: &Error) -> Vec<usize> {
-    match err {
-        Error::QuorumUnreachable { errors, .. } => errors
-            .iter()
-            .filter(|e| matches!(e.failure, NodeFailure::Quarantined { .. }))
-            .map(|e| e.index)
-            .collect(),
-        _ => Vec::new(),
-    }
-}
 
 fn valkey9(n: usize) -> Servers {
     Servers::start_launched(n, &[], |_| support::valkey9())
@@ -30,29 +19,6 @@ fn valkey9(n: usize) -> Servers {
 
 fn redis8(n: usize) -> Servers {
     Servers::start_launched(n, &[], |_| support::redis8())
-}
-
-/// A (quarantine off) takes `RES` for `ttl` on nodes 0–2 only (3 and 4 are held by another
-/// owner for a second at the time, then free); node 2 then restarts without persistence:
-/// nodes 2, 3, 4 are free, a majority for the taking. (As tests/restarts.rs sets it up.)
-async fn hold_on_0_to_2(servers: &Servers, ttl: Duration) -> Lock {
-    for i in [3, 4] {
-        let _: () = servers.cmd(i, &["SET", RES, "other", "PX", "1000"]);
-    }
-    let a = servers
-        .builder()
-        .restart_quarantine(Duration::ZERO)
-        .retry_count(0)
-        .node_timeout(PATIENT)
-        .build()
-        .expect("valid config");
-    let lock = a.try_acquire(&[RES], ttl).await.expect("A: nodes 0-2");
-    assert_eq!(servers.holders(RES, lock.token(), 0..5), vec![0, 1, 2]);
-    assert!(
-        eventually(|| servers.get(3, RES).is_none() && servers.get(4, RES).is_none()).await,
-        "the other owner's keys expire"
-    );
-    lock
 }
 
 fn one_shot(servers: &Servers) -> Redlock {
@@ -71,7 +37,7 @@ async fn restart_is_quarantined_on_plain_commands(mut servers: Servers) {
     let b = one_shot(&servers);
     warm_up(&b).await;
     // Plain acquires only after a release went through on the connection (warm_up did one).
-    let a = hold_on_0_to_2(&servers, Duration::from_secs(30)).await;
+    let a = hold_on_0_to_2(&servers, RES, Duration::from_secs(30)).await;
     servers.restart(2);
     assert_eq!(servers.holders(RES, a.token(), 0..5), vec![0, 1]);
     match b.try_acquire(&[RES], Duration::from_secs(5)).await {
@@ -107,7 +73,7 @@ async fn restart_seen_by_an_advisory_call(
     script_loader: bool,
     advisory: bool,
 ) {
-    let a = hold_on_0_to_2(&servers, Duration::from_secs(30)).await;
+    let a = hold_on_0_to_2(&servers, RES, Duration::from_secs(30)).await;
     // B, default quarantine, meets every server now (old servers: trusted, run_ids noted).
     let b = one_shot(&servers);
     // Two rounds: the first reads the identities (and loads the script), the release turns

@@ -5,44 +5,17 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use redfence::{Error, Lock, NodeFailure, Redlock};
+use redfence::{Error, Lock, Redlock};
+use support::restarted::{hold_on_0_to_2, quarantined};
 use support::{PATIENT, Servers, TestRedlock, acquire_within, eventually, warm_up};
 
 const RES: &str = "ledger:restart";
 
-/// The nodes of `err` that were quarantined.
-fn quarantined(err: &Error) -> Vec<usize> {
-    match err {
-        Error::QuorumUnreachable { errors, .. } => errors
-            .iter()
-            .filter(|e| matches!(e.failure, NodeFailure::Quarantined { remaining } if !remaining.is_zero()))
-            .map(|e| e.index)
-            .collect(),
-        _ => Vec::new(),
-    }
-}
-
-/// A (quarantine off, so that its own view plays no part) takes `RES` for `ttl` on nodes 0–2
-/// only: nodes 3 and 4 are held by another owner for a second at the time, then free. Then
-/// node 2 restarts without persistence: it forgets A's key, and a majority of free nodes
-/// (2, 3, 4) is there for the taking.
+/// A holds `RES` on nodes 0–2 (see `hold_on_0_to_2`); node 2 then restarts without
+/// persistence: it forgets A's key, and a majority of free nodes (2, 3, 4) is there for the
+/// taking.
 async fn hold_on_0_to_2_then_restart_2(servers: &mut Servers, ttl: Duration) -> Lock {
-    for i in [3, 4] {
-        let _: () = servers.cmd(i, &["SET", RES, "other", "PX", "1000"]);
-    }
-    let a = servers
-        .builder()
-        .restart_quarantine(Duration::ZERO)
-        .retry_count(0)
-        .node_timeout(PATIENT)
-        .build()
-        .expect("valid config");
-    let lock = a.try_acquire(&[RES], ttl).await.expect("A: nodes 0-2");
-    assert_eq!(servers.holders(RES, lock.token(), 0..5), vec![0, 1, 2]);
-    assert!(
-        eventually(|| servers.get(3, RES).is_none() && servers.get(4, RES).is_none()).await,
-        "the other owner's keys expire"
-    );
+    let lock = hold_on_0_to_2(servers, RES, ttl).await;
     servers.restart(2);
     assert_eq!(servers.holders(RES, lock.token(), 0..5), vec![0, 1]);
     lock

@@ -7,6 +7,7 @@ pub use redfence_testkit::*;
 
 pub mod candidates;
 pub mod recorded;
+pub mod restarted;
 pub mod token_order;
 
 use std::time::{Duration, Instant};
