@@ -444,10 +444,9 @@ async fn durable_commits(client: &Client, target: &str) -> Result<(), CounterErr
     }
     // The setting as read (never weakened: `remote_apply` stays), or `on` when the server
     // named none; only the values PostgreSQL knows go into the statement.
-    let pinned = match setting {
-        Some(value @ ("on" | "local" | "remote_write" | "remote_apply")) => value,
-        _ => "on",
-    };
+    let pinned = setting
+        .filter(|value| matches!(*value, "on" | "local" | "remote_write" | "remote_apply"))
+        .unwrap_or("on");
     client
         .simple_query(&format!("SET synchronous_commit TO {pinned}"))
         .await
