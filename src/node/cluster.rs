@@ -121,6 +121,8 @@ impl advisory::Connector for Shared {
 /// once a slot's calls have gone unanswered for [`PATIENCE`] is the cluster connection made
 /// again (the slot map asked for): its master may have been replaced by a failover, which
 /// the cluster client learns of only from a reply (`MOVED`) that a hung member never sends.
+/// The connection is one for every member, so it is made again only when every slot waiting
+/// on it has waited its window.
 struct ClusterLink {
     shared: Arc<Shared>,
     /// Since when each slot's calls have gone unanswered on the connection of `generation`.
@@ -210,13 +212,17 @@ impl Link for ClusterLink {
                 }
             }
         }
-        if self
-            .stalled
-            .values()
-            .any(|since| now.duration_since(*since) >= PATIENCE)
+        // Every slot waiting on the connection has waited its whole window: a new connection
+        // replaces it for every member, and a slot whose calls were still within their window
+        // (another member briefly stalled) would see its release overtake its acquire.
+        if !self.stalled.is_empty()
+            && self
+                .stalled
+                .values()
+                .all(|since| now.duration_since(*since) >= PATIENCE)
         {
             tracing::debug!(
-                "a hash slot's master has not answered for the patience window; making the cluster connection again"
+                "the hash slots' masters have not answered for the patience window; making the cluster connection again"
             );
             self.shared.renew(generation);
         }

@@ -119,12 +119,14 @@ impl RwLock {
             attempts = attempts.saturating_add(1);
             tries.attempts = attempts;
             trace::attempts(attempts);
+            // Any attempt may be refused somewhere and mark the lock there, a granted one too
+            // (granted by a majority, refused by a node a reader's entry still held): the
+            // mark is taken away whenever it may have been set.
+            mark.set |= marks;
             let failed = match acquisition::attempt_rw(shared, &target, Arc::clone(&rw)).await {
                 Ok(acquired) => return Ok(acquired),
                 Err(failed) => failed,
             };
-            // Refused somewhere, it may have marked the lock there.
-            mark.set |= marks;
             if !failed.is_retryable() {
                 return Err(failed.into_error(&target.resources, attempts));
             }
@@ -158,13 +160,13 @@ impl RwLock {
 
 /// A writer's waiting mark, possibly left on the nodes that refused it: taken away on every
 /// node when dropped (the acquisition ended, granted or not), queued behind the attempt's own
-/// calls; only where the mark is still this writer's. A leave that never lands, and the mark
-/// of a first attempt cancelled mid-way (not known to be set), end with the mark's expiry.
+/// calls; only where the mark is still this writer's. A leave that never lands ends with the
+/// mark's expiry.
 struct Mark {
     shared: Arc<Shared>,
     target: Target,
     rw: Arc<RwOp>,
-    /// Whether an attempt was refused (and so may have set the mark).
+    /// Whether an attempt was made that a node may have refused (and so may have set the mark).
     set: bool,
 }
 

@@ -361,6 +361,15 @@ local function lib()
       end
       if ours then
         reply = acquire(first, last, token, ttl, count)
+        if reply == count then
+          -- Granted: the holder stays at the head until its release leaves, but no longer
+          -- than its lock lasts: one that dies holding it blocks the line for its TTL, not
+          -- for its waiter's lease.
+          local ends = now + math.min(tonumber(ttl) or lease, lease)
+          for j = first, last do
+            redis.call("ZADD", KEYS[j] .. ALIVE, "XX", ends, waiter)
+          end
+        end
       else
         reply = 0
       end
