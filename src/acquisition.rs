@@ -341,6 +341,7 @@ async fn attempt_as(
         hold: None,
         queue: None,
         rw,
+        longest_ttl: target.ttl,
     };
     let mut req = held.request(Op::Acquire, target.ttl);
     req.queue = ticket.cloned();

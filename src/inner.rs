@@ -99,6 +99,10 @@ pub(crate) struct Held {
     /// A read-write lock's side (reader or writer), sent with each of its requests; `None`
     /// for a mutex.
     pub(crate) rw: Option<Arc<RwOp>>,
+    /// The longest TTL any round of this lock sent (its acquire's, or an extension's, failed
+    /// ones too: they may have reached some node): how long its keys may live on a node, so
+    /// how long a release given up is sent again.
+    pub(crate) longest_ttl: Duration,
 }
 
 impl Shared {
@@ -179,15 +183,7 @@ impl Shared {
             }
         }
         let keys = self.keys(&names);
-        for (index, key) in keys.iter().enumerate() {
-            if let Some(suffix) = reserved_suffix(key) {
-                return Err(InvalidInput::ReservedName {
-                    index,
-                    resource: names[index].clone(),
-                    suffix,
-                });
-            }
-        }
+        no_helper_keys(&names, &keys)?;
         self.one_call_each(&keys)?;
         Ok(Target {
             keys,
@@ -221,6 +217,22 @@ impl Shared {
             .map(|name| format!("{}{}", self.config.key_prefix, name))
             .collect()
     }
+}
+
+/// Refuses a resource whose key (`keys[i]`, of `names[i]`) ends like a lock's helper key
+/// (its waiting mark, fair queue or lease set): locking, inspecting or deleting it would
+/// touch another lock's helper.
+pub(crate) fn no_helper_keys(names: &[String], keys: &[String]) -> Result<(), InvalidInput> {
+    for (index, key) in keys.iter().enumerate() {
+        if let Some(suffix) = reserved_suffix(key) {
+            return Err(InvalidInput::ReservedName {
+                index,
+                resource: names[index].clone(),
+                suffix,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The reserved ending `key` has, if any.
@@ -320,7 +332,7 @@ impl Held {
         self.shared.tasks.spawn(async move {
             let shared = &held.shared;
             let tally = held
-                .round(Op::Release, held.target.ttl, Until::All)
+                .round(Op::Release, held.longest_ttl, Until::All)
                 .await
                 .finish(&shared.nodes, Op::Release)
                 .await;

@@ -132,6 +132,8 @@ impl Lock {
         // than that (never more than it had).
         let bound = start + ttl.saturating_sub(quorum::drift(ttl, drift_factor));
         self.expires_at = self.expires_at.min(bound);
+        // Whatever this round's outcome, a node it reached keeps the keys up to `ttl`.
+        self.held.longest_ttl = self.held.longest_ttl.max(ttl);
         let round = self.held.round(Op::Extend, ttl, Until::Granted).await;
         let elapsed = clock::since(start);
         let tally = round.into_tally();
@@ -178,7 +180,7 @@ impl Lock {
         self.hold.end(HoldEnd::Released, self.expires_at);
         let span = trace::release_span(&self.held.target.resources, self.quorum());
         let started = clock::now();
-        let ttl = self.held.target.ttl;
+        let ttl = self.held.longest_ttl;
         let round = self
             .held
             .round(Op::Release, ttl, until)

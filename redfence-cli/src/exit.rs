@@ -56,6 +56,11 @@ impl Failure {
     pub fn from_lock_error(error: &Error, busy: u8) -> Self {
         let code = match error {
             Error::InvalidInput(_) | Error::Config(_) | Error::SemaphoreSize { .. } => USAGE,
+            // A wait that ran out says why by its last attempt: held by another owner (busy),
+            // or the nodes out of reach (unavailable).
+            Error::AcquireTimeout {
+                last: Some(last), ..
+            } => Failure::from_lock_error(last, busy).code,
             Error::Contended { .. } | Error::AcquireTimeout { .. } => busy,
             Error::QuorumUnreachable { .. }
             | Error::Overloaded { .. }

@@ -200,7 +200,8 @@ impl Held {
             (None, true, _) => "--shared",
             (None, false, true) => "--exclusive",
         };
-        let [name] = resources else {
+        // Given with -r: the default resource (named after the command) is a mutex's only.
+        let ([name], [_]) = (resources, args.resources.as_slice()) else {
             return Err(Failure::usage(format!(
                 "{flag} needs exactly one -r, the name it holds"
             )));
@@ -241,10 +242,12 @@ fn redlock(common: &Common, args: &RunArgs) -> Result<Redlock, Failure> {
 /// it is logged at info level, so `-q` keeps it silent.
 fn not_acquired(error: &Error, busy: u8) -> Failure {
     let failure = Failure::from_lock_error(error, busy);
-    if matches!(
-        error,
-        Error::Contended { .. } | Error::AcquireTimeout { .. }
-    ) {
+    if failure.code == busy
+        && matches!(
+            error,
+            Error::Contended { .. } | Error::AcquireTimeout { .. }
+        )
+    {
         tracing::info!("busy, the command did not run: {error}");
         return Failure::new(failure.code, String::new());
     }

@@ -32,6 +32,7 @@ pub(crate) async fn read(
 ) -> Result<Inspection, Error> {
     let resources = resource_names(resources)?;
     let keys = shared.keys(&resources);
+    crate::inner::no_helper_keys(&resources, &keys)?;
     shared.one_call_each(&keys)?;
     let timeout = shared.config.node_timeout;
     let calls = shared.nodes.iter().enumerate().map(|(index, node)| {

@@ -169,6 +169,29 @@ impl Pipeline {
         }
     }
 
+    /// Queues a release or a leave that found the queue full as soon as there is room, behind
+    /// everything queued before it (its acquire among them; the channel's waiting senders are
+    /// served in order): never refused, as its keys or its place would outlive it, and sent
+    /// even if its caller stops waiting for the reply (which arrives as
+    /// [`submit`](Self::submit)'s).
+    pub(crate) fn submit_when_room(
+        &self,
+        req: Request,
+    ) -> oneshot::Receiver<Result<i64, NodeFailure>> {
+        let (reply, answer) = oneshot::channel();
+        let job = Job::Run {
+            req,
+            reply: Some(reply),
+            resend_until: None,
+        };
+        let jobs = self.jobs.clone();
+        tokio::spawn(async move {
+            // A queue that stopped answers the reply's sender with its drop: `stopped`.
+            let _ = jobs.send(job).await;
+        });
+        answer
+    }
+
     /// Resolves once every request queued before it has run (or failed); on a watched queue
     /// that nothing serves, once the watchdog gives up.
     pub(crate) async fn flush(&self) {

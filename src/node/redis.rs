@@ -13,7 +13,7 @@ use super::connection::LazyConnection;
 use super::identity::{Identity, QuarantineRule};
 use super::pipeline::Pipeline;
 use super::server_link::ServerLink;
-use super::{Advice, Advisory, Node, NodeCall, Request, advisory};
+use super::{Advice, Advisory, Node, NodeCall, Op, Request, advisory};
 use crate::error::NodeFailure;
 
 /// A Redis master. Every lock's lock calls go through the node's one [`Queue`], which sends
@@ -153,10 +153,22 @@ impl Queue {
 
     /// Queues `req` ([`Node::call`]).
     pub(super) fn call(&self, req: &Request) -> NodeCall {
-        let queued = self.with_pipeline(|pipeline| {
-            let answer = pipeline.submit(req.clone())?;
-            Ok::<_, NodeFailure>((answer, pipeline.watched().then(|| Arc::clone(pipeline))))
+        let queued = self.with_pipeline(|pipeline| match pipeline.submit(req.clone()) {
+            // A release or leave is never refused for a full queue: it waits for room.
+            Err(NodeFailure::Overloaded { .. }) if matches!(req.op, Op::Release | Op::Leave) => {
+                Err(Arc::clone(pipeline))
+            }
+            Err(failure) => Ok(Err(failure)),
+            Ok(answer) => Ok(Ok((
+                answer,
+                pipeline.watched().then(|| Arc::clone(pipeline)),
+            ))),
         });
+        let queued = match queued {
+            Ok(Err(pipeline)) => return NodeCall::Queued(pipeline.submit_when_room(req.clone())),
+            Ok(Ok(queued)) => Ok(queued),
+            Err(failure) => Err(failure),
+        };
         match queued {
             Ok(Ok((answer, None))) => NodeCall::Queued(answer),
             Ok(Ok((answer, Some(pipeline)))) => {

@@ -238,6 +238,9 @@ local function lib()
   local function rw_op(kind, first, token, ttl, waiter, wait)
     local writer, readers, waiting = KEYS[first], KEYS[first + 1], KEYS[first + 2]
     local side, what = string.sub(kind, 1, 1), string.sub(kind, 2, 2)
+    -- The TTL as sent (digits) for PX and PEXPIRE: a Lua number of 1e17 or more would be
+    -- written back in exponent form, which Redis refuses; as a number for the scores.
+    local px = ttl
     ttl = tonumber(ttl)
     now = now or now_ms()
     redis.call("ZREMRANGEBYSCORE", readers, "-inf", now)
@@ -264,14 +267,14 @@ local function lib()
       end
       redis.call("ZADD", readers, now + ttl, token)
       if redis.call("PTTL", readers) < ttl then
-        redis.call("PEXPIRE", readers, ttl)
+        redis.call("PEXPIRE", readers, px)
       end
       return 1
     end
     local mark = redis.call("GET", waiting)
     if what == "a" then
       if holder == token then
-        redis.call("SET", writer, token, "PX", ttl)
+        redis.call("SET", writer, token, "PX", px)
         return 1
       end
       if holder or redis.call("ZCARD", readers) > 0 then
@@ -280,7 +283,7 @@ local function lib()
         end
         return 0
       end
-      redis.call("SET", writer, token, "PX", ttl)
+      redis.call("SET", writer, token, "PX", px)
       if mark == waiter then
         redis.call("DEL", waiting)
       end
@@ -293,7 +296,7 @@ local function lib()
     elseif holder ~= token then
       return 0
     elseif what == "e" then
-      redis.call("PEXPIRE", writer, ttl)
+      redis.call("PEXPIRE", writer, px)
       return 1
     end
     redis.call("DEL", writer)
@@ -317,7 +320,18 @@ local function lib()
 
   -- The operation at ARGV[i], whose keys start at KEYS[k]: its reply, and where the next
   -- operation's arguments and keys start.
-  local function operation(i, k)
+  -- Where the next operation's arguments and keys start, after the one at ARGV[i], KEYS[k].
+  local function after(i, k)
+    local kind, count = ARGV[i], tonumber(ARGV[i + 3])
+    if #kind == 2 then
+      return i + 6, k + count
+    elseif kind == "f" or kind == "l" or kind == "R" then
+      return i + 7, k + count
+    end
+    return i + 4, k + count
+  end
+
+  local function operation_at(i, k)
     local kind, token, ttl, count = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
     local waiter, ticket, lease = nil, nil, nil
     if #kind == 2 then
@@ -415,6 +429,20 @@ local function lib()
     return reply, i, k + count
   end
 
+  -- operation_at, with an error the server raised (out of memory under noeviction, say) as
+  -- that operation's own "E:" reply: the rest of the batch (its releases) still runs.
+  local function operation(i, k)
+    local ok, reply, next_i, next_k = pcall(operation_at, i, k)
+    if ok then
+      return reply, next_i, next_k
+    end
+    if type(reply) == "table" then
+      reply = reply.err
+    end
+    next_i, next_k = after(i, k)
+    return "E:" .. tostring(reply), next_i, next_k
+  end
+
   library = { rw = rw, operation = operation, acquire = acquire, announce = announce,
     has_queue = has_queue, mark = mark }
   return library
@@ -449,10 +477,14 @@ while i <= #ARGV do
         out[n] = 1
       end
     elseif kind == "a" then
-      if redis.call("SET", key, token, "NX", "PX", ttl) then
+      local set = redis.pcall("SET", key, token, "NX", "PX", ttl)
+      if type(set) == "table" and set.err then
+        -- Refused by the server (out of memory): this acquire's error, not the batch's.
+        out[n] = "E:" .. set.err
+      elseif set then
         out[n] = 1
       else
-        out[n] = lib().acquire(k, k, token, ttl, 1)
+        out[n] = lib().operation(i, k)
       end
     elseif redis.pcall("GET", key) == token then
       redis.call("PEXPIRE", key, ttl)

@@ -440,9 +440,8 @@ impl Semaphore {
                 Some(delay) if retry => delay,
                 _ => return Err(last.unwrap_or(Error::Closed)),
             };
-            let wake = clock::now() + delay;
             if let Some(deadline) = deadline
-                && wake >= deadline
+                && crate::acquisition::ends_past(delay, Some(deadline))
             {
                 tokio::time::sleep_until(deadline.into()).await;
                 return Err(Error::AcquireTimeout {

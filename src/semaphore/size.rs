@@ -26,7 +26,9 @@ pub(crate) async fn claim(
     ttl: Duration,
 ) -> Result<(), Error> {
     let ours: Arc<str> = Arc::from(permits.to_string());
-    let ttl_ms = u64::try_from(SIZE_TTL.max(ttl.saturating_mul(2)).as_millis()).unwrap_or(u64::MAX);
+    // Never past what redfence sends as a TTL (a permit of MAX_TTL would double it).
+    let lives = SIZE_TTL.max(ttl.saturating_mul(2)).min(crate::MAX_TTL);
+    let ttl_ms = u64::try_from(lives.as_millis()).unwrap_or(u64::MAX);
     let replies = shared
         .ask_every_node(|node| {
             let request = Claim {

@@ -368,17 +368,13 @@ pub(super) fn write_call<'r>(
     }
 }
 
-/// Answers `run` with `failure` and, after a time-out or a lost connection, hands its release
-/// or leave to `resend` (see [`Batch::fail`]).
+/// Answers `run` with `failure` and, after a failure that may pass ([`passing`]), hands its
+/// release or leave to `resend` (see [`Batch::fail`]).
 fn fail_run(run: Run, failure: &NodeFailure, resend: &mut Vec<Job>) {
     if let Some(reply) = run.reply {
         let _ = reply.send(Err(failure.clone()));
     }
-    let retryable = matches!(
-        failure,
-        NodeFailure::Timeout(_) | NodeFailure::Connection(_)
-    );
-    if !retryable || !matches!(run.req.op, Op::Release | Op::Leave) {
+    if !passing(failure) || !matches!(run.req.op, Op::Release | Op::Leave) {
         return;
     }
     // A release until its lock's keys expire; a leave until its waiter's lease ends.
@@ -393,6 +389,20 @@ fn fail_run(run: Run, failure: &NodeFailure, resend: &mut Vec<Job>) {
             reply: None,
             resend_until: Some(until),
         });
+    }
+}
+
+/// Whether `failure` may pass, so that the same request gets through later: a time-out, a
+/// lost connection, or a server busy with a script or still loading its data (`BUSY`,
+/// `LOADING`, and a cluster's `TRYAGAIN` / `MASTERDOWN`).
+fn passing(failure: &NodeFailure) -> bool {
+    match failure {
+        NodeFailure::Timeout(_) | NodeFailure::Connection(_) => true,
+        NodeFailure::Reply(err) => matches!(
+            err.code(),
+            Some("BUSY" | "LOADING" | "TRYAGAIN" | "MASTERDOWN")
+        ),
+        _ => false,
     }
 }
 
