@@ -13,7 +13,8 @@ use tokio::time::Sleep;
 
 use super::Op;
 use super::batch::{
-    BATCH, Link, Replies, Run, Touch, check_count, count_mismatch, evalsha, write_call,
+    BATCH, Link, Replies, Run, Touch, check_count, count_mismatch, evalsha, passing_code,
+    write_call,
 };
 use super::connection::{Connection, LazyConnection};
 use super::identity::{Due, Identity};
@@ -159,9 +160,16 @@ impl ServerLink {
                 }
                 outcome.again.sort_unstable();
             }
+            // A plain command the server will take later (BUSY, LOADING) failed as a call
+            // would have: a release there is sent again.
             let mut replies: Vec<Result<Value, NodeFailure>> = std::mem::take(&mut outcome.replies)
                 .into_iter()
-                .map(|reply| Ok(reply.unwrap_or(Value::Nil)))
+                .map(|reply| match reply {
+                    Some(Value::ServerError(err)) if passing_code(err.code()) => {
+                        Err(NodeFailure::Reply(RedisError::from(err)))
+                    }
+                    reply => Ok(reply.unwrap_or(Value::Nil)),
+                })
                 .collect();
             outcome.again.retain(|&index| {
                 let overtaken = overtakes(index);

@@ -398,12 +398,15 @@ fn fail_run(run: Run, failure: &NodeFailure, resend: &mut Vec<Job>) {
 fn passing(failure: &NodeFailure) -> bool {
     match failure {
         NodeFailure::Timeout(_) | NodeFailure::Connection(_) => true,
-        NodeFailure::Reply(err) => matches!(
-            err.code(),
-            Some("BUSY" | "LOADING" | "TRYAGAIN" | "MASTERDOWN")
-        ),
+        NodeFailure::Reply(err) => err.code().is_some_and(passing_code),
         _ => false,
     }
+}
+
+/// Whether a server error `code` says the server will take the same request later: busy
+/// with a script, loading its data, or a cluster in a failover.
+pub(super) fn passing_code(code: &str) -> bool {
+    matches!(code, "BUSY" | "LOADING" | "TRYAGAIN" | "MASTERDOWN")
 }
 
 /// Until when a release or leave given up now is sent again: `ttl_ms` from now (its lock's TTL,
