@@ -13,20 +13,6 @@ use support::{Servers, TestRedlock, eventually};
 
 const TTL: Duration = Duration::from_secs(60);
 
-/// Polls `cond` until it holds or `within` passes.
-async fn within(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// A node busy with another client's long script answers `-BUSY`: the release refused that way
 /// never ran, so it is sent again, like one given up at a timeout or a lost connection (it once
 /// was not, and the key outlived `close()` there).
@@ -53,7 +39,7 @@ async fn a_release_refused_with_busy_is_sent_again_before_close_returns() {
         })
     };
     // Wait until node 0 answers BUSY.
-    let busy_now = within(support::DEADLINE, || {
+    let busy_now = eventually(|| {
         let mut conn = servers.conn(0);
         let r: redis::RedisResult<String> = redis::cmd("PING").query(&mut conn);
         matches!(&r, Err(e) if e.code() == Some("BUSY"))

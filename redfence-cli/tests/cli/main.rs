@@ -11,6 +11,7 @@
 mod commands;
 mod descendants;
 mod environment;
+mod exit_codes;
 mod fencing;
 mod hold;
 mod processes;
@@ -29,15 +30,21 @@ use redfence_testkit::{DEADLINE, Servers};
 const BUSY: i32 = 75;
 const LOST: i32 = 79;
 const USAGE: i32 = 64;
+const UNAVAILABLE: i32 = 69;
 
 /// The binary, pointed at every server, with a node timeout that suits a loaded machine. In
 /// a process group of its own: run from a terminal's foreground (a developer's shell), it
 /// would keep the job in its own group, and the tests are of the cron case.
 fn redfence(servers: &Servers) -> Command {
+    redfence_at(&servers.urls().join(","))
+}
+
+/// The binary pointed at `nodes` (`host:port,...`), as [`redfence`] does.
+fn redfence_at(nodes: &str) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_redfence"));
     std::os::unix::process::CommandExt::process_group(&mut command, 0);
     command
-        .env("REDFENCE_NODES", servers.urls().join(","))
+        .env("REDFENCE_NODES", nodes)
         .env("REDFENCE_NODE_TIMEOUT", "200ms")
         .env_remove("RUST_LOG")
         .env_remove("REDFENCE_FENCING")

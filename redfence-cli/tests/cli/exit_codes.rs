@@ -1,29 +1,17 @@
 //! Exit codes and usage checks of the `redfence` command at their edges (from an adversarial
 //! review: each test failed before its fix).
 
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 use redfence_testkit::Servers;
 
-const USAGE: i32 = 64;
-const UNAVAILABLE: i32 = 69;
-
-/// The binary pointed at `nodes`, in a process group of its own, with a patient node timeout.
-fn redfence(nodes: &str) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_redfence"));
-    std::os::unix::process::CommandExt::process_group(&mut command, 0);
-    command
-        .env("REDFENCE_NODES", nodes)
-        .env("REDFENCE_NODE_TIMEOUT", "200ms")
-        .env_remove("RUST_LOG")
-        .env_remove("REDFENCE_FENCING")
-        .env_remove("REDFENCE_KEY_PREFIX")
-        .stdin(Stdio::null());
-    command
-}
+use super::{UNAVAILABLE, USAGE, redfence_at};
 
 fn run(nodes: &str, args: &[&str]) -> Output {
-    redfence(nodes).args(args).output().expect("run redfence")
+    redfence_at(nodes)
+        .args(args)
+        .output()
+        .expect("run redfence")
 }
 
 /// README: "69 quorum unreachable ... (at least 3 attempts, retried within `--wait`)". With no
