@@ -17,8 +17,8 @@ const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
 const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
 /// Default [`automatic_extension_threshold`](crate::RedlockBuilder::automatic_extension_threshold): 500 ms.
 const DEFAULT_EXTENSION_THRESHOLD: Duration = Duration::from_millis(500);
-/// Default [`restart_quarantine`](crate::RedlockBuilder::restart_quarantine): 60 s, applied
-/// to a server whose `run_id` changed while this client was connected to it.
+/// Default [`restart_quarantine`](crate::RedlockBuilder::restart_quarantine): 60 s (plus the
+/// lock-delay), for every client: a voter that lost any of its memory does not count for it.
 pub(crate) const DEFAULT_RESTART_QUARANTINE: Duration = Duration::from_secs(60);
 /// The longest [`lock_delay`](crate::RedlockBuilder::lock_delay): one hour.
 pub(crate) const MAX_LOCK_DELAY: Duration = Duration::from_secs(3600);
@@ -44,9 +44,9 @@ pub(crate) struct Config {
     pub(crate) events: EventHook,
     /// Fair mode: waiters line up on every node (see `RedlockBuilder::fair`).
     pub(crate) fair: bool,
-    /// Which restarted servers do not count toward a majority, and for how long (see
-    /// `RedlockBuilder::restart_quarantine`).
-    pub(crate) quarantine: QuarantineRule,
+    /// How long a voter that lost memory does not count toward a majority, when set (see
+    /// `RedlockBuilder::restart_quarantine`); `None`: the default, 60 s plus the lock-delay.
+    pub(crate) restart_quarantine: Option<Duration>,
     /// Added to the server-side TTL of acquire and extend, never to the validity (see
     /// `RedlockBuilder::lock_delay`).
     pub(crate) lock_delay: Duration,
@@ -71,10 +71,7 @@ impl Default for Config {
             resource_type: ResourceType::default(),
             events: EventHook::none(),
             fair: false,
-            quarantine: QuarantineRule {
-                period: DEFAULT_RESTART_QUARANTINE,
-                first_contact: false,
-            },
+            restart_quarantine: None,
             lock_delay: Duration::ZERO,
             native_commands: true,
         }
@@ -95,7 +92,7 @@ impl fmt::Debug for Config {
             .field("fencing_timeout", &self.fencing_timeout)
             .field("key_prefix", &self.key_prefix)
             .field("fair", &self.fair)
-            .field("quarantine", &self.quarantine)
+            .field("quarantine", &self.quarantine())
             .field("lock_delay", &self.lock_delay)
             .field("native_commands", &self.native_commands)
             .field("resource_type", &self.resource_type)
@@ -108,6 +105,17 @@ impl fmt::Debug for Config {
 const MAX_KEY_PREFIX_LEN: usize = 1024;
 
 impl Config {
+    /// The restart quarantine in force: the period set, or 60 s plus the lock-delay (a restart
+    /// forgets the delay's keys too), with the drift factor that bounds a clock's steps.
+    pub(crate) fn quarantine(&self) -> QuarantineRule {
+        QuarantineRule {
+            period: self
+                .restart_quarantine
+                .unwrap_or(DEFAULT_RESTART_QUARANTINE + self.lock_delay),
+            drift_factor: self.drift_factor,
+        }
+    }
+
     /// Checks every option; the first bad one is the error.
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let config = self;
@@ -147,7 +155,7 @@ impl Config {
         at_most("lock_delay", config.lock_delay, MAX_LOCK_DELAY)?;
         at_most(
             "restart_quarantine",
-            config.quarantine.period,
+            config.quarantine().period,
             MAX_RESTART_QUARANTINE,
         )?;
         if config.key_prefix.len() > MAX_KEY_PREFIX_LEN {

@@ -220,11 +220,19 @@ impl Shared {
 }
 
 /// Refuses a resource whose key (`keys[i]`, of `names[i]`) ends like a lock's helper key
-/// (its waiting mark, fair queue or lease set): locking, inspecting or deleting it would
-/// touch another lock's helper.
+/// (its waiting mark, fair queue or lease set), or whose name is a voter's memory marker or
+/// roster key: locking, inspecting or deleting it would touch another lock's helper, or the
+/// restart quarantine's memory.
 pub(crate) fn no_helper_keys(names: &[String], keys: &[String]) -> Result<(), InvalidInput> {
     for (index, key) in keys.iter().enumerate() {
-        if let Some(suffix) = reserved_suffix(key) {
+        let name = names[index].as_str();
+        let memory = if name == crate::memory::MARKER {
+            Some(crate::memory::MARKER)
+        } else {
+            name.starts_with(crate::memory::ROSTER)
+                .then_some(crate::memory::ROSTER)
+        };
+        if let Some(suffix) = reserved_suffix(key).or(memory) {
             return Err(InvalidInput::ReservedName {
                 index,
                 resource: names[index].clone(),

@@ -80,6 +80,7 @@ mod inner;
 mod inspect;
 mod lease;
 mod lock;
+mod memory;
 mod metrics;
 mod node;
 mod node_addr;

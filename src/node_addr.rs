@@ -9,6 +9,7 @@ use tokio_util::task::TaskTracker;
 use crate::address;
 use crate::config::Config;
 use crate::error::ConfigError;
+use crate::memory::MemoryBook;
 use crate::node::{RedisNode, Tls, Voter, VoterKind, connect};
 
 /// A Redis master to lock on: a URL (`redis://host:port/db`, `redis://user:password@host`,
@@ -163,6 +164,7 @@ impl NodeAddr {
         index: usize,
         config: &Config,
         tasks: &TaskTracker,
+        memory: &Arc<MemoryBook>,
     ) -> Result<Voter, ConfigError> {
         #[cfg(feature = "cluster")]
         if let NodeRepr::Cluster(seeds) = &self.repr {
@@ -188,7 +190,9 @@ impl NodeAddr {
             client,
             config.node_timeout,
             config.native_commands,
-            config.quarantine,
+            config.quarantine(),
+            memory,
+            &config.key_prefix,
             tasks.clone(),
         );
         Ok(Voter {

@@ -394,7 +394,7 @@ impl Redlock {
     /// Sentinel group and its master's own URL, two proxies) is reported in
     /// [`NodeCheck::same_server_as`] and as [`Event::SameServer`](crate::Event::SameServer),
     /// logged as an error: its vote counts twice. Call it once at start-up; it sends one
-    /// `CONFIG GET` and one `INFO server` per node, each bounded by the node timeout, and
+    /// `INFO memory` and one `INFO server` per node, each bounded by the node timeout, and
     /// never fails as a whole (a node that cannot be read says why in its [`NodeCheck`]).
     ///
     /// ```no_run

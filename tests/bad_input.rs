@@ -66,10 +66,13 @@ async fn bad_requests_never_reach_a_node() {
         InvalidInput::TtlTooLong { .. }
     ));
     // A key that could be another lock's helper key (its fair queue, its waiting mark).
+    // And the voters' memory marker and roster keys (the restart quarantine's).
     for reserved in [
         "job:redfence:waiting",
         "job:redfence:queue",
         "job:redfence:alive",
+        "redfence:memory",
+        "redfence:roster:127.0.0.1:6379/0",
     ] {
         match invalid(redlock.try_acquire(&["a", reserved], TTL).await) {
             InvalidInput::ReservedName {

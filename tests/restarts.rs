@@ -96,38 +96,6 @@ async fn without_quarantine_a_restart_makes_two_owners() {
     a.release().await.expect("release");
 }
 
-/// With `restart_quarantine` set, a server met for the first time is quarantined too while
-/// its uptime is below the period: a client started after a restart is protected as well.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_configured_quarantine_covers_servers_met_young() {
-    let servers = Servers::start(5);
-    let redlock = servers
-        .builder()
-        .restart_quarantine(Duration::from_secs(4))
-        .retry_count(0)
-        .node_timeout(PATIENT)
-        .build()
-        .expect("valid config");
-    let started = Instant::now();
-    let err = redlock
-        .try_acquire(&[RES], Duration::from_secs(2))
-        .await
-        .expect_err("every server just started");
-    let young = quarantined(&err);
-    assert!(young.len() >= 3, "{young:?}: {err}");
-    let lock = acquire_within(
-        &redlock,
-        &[RES],
-        Duration::from_secs(2),
-        Duration::from_secs(20),
-        "the quarantine ends",
-    )
-    .await;
-    // Uptime is counted in whole seconds: the quarantine ends between 3 s and 4 s after start.
-    assert!(started.elapsed() >= Duration::from_secs(2));
-    lock.release().await.expect("release");
-}
-
 /// A lock held (extended) through rolling restarts of one node at a time keeps its majority,
 /// and each restarted node gets the key back once its quarantine ends (never before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,21 +119,6 @@ async fn extensions_repair_keys_through_rolling_restarts() {
     .await;
     let token = lock.token().to_owned();
     assert_eq!(servers.holders(RES, &token, 0..5), vec![0, 1, 2, 3, 4]);
-    // A quarantine set explicitly also covers servers met young: the lock was granted once a
-    // majority was out of it; wait until every server is (uptime in whole seconds), so that
-    // below only the restarted node is quarantined.
-    let uptime = |i: usize| -> u64 {
-        let info: String = servers.cmd(i, &["INFO", "server"]);
-        info.lines()
-            .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
-    };
-    let old_enough = QUARANTINE.as_secs() + 1;
-    assert!(
-        eventually(|| (0..5).all(|i| uptime(i) >= old_enough)).await,
-        "the servers' uptime reaches {old_enough} s"
-    );
     lock.extend(TTL).await.expect("every node confirms");
     for node in 0..3 {
         servers.restart(node);

@@ -6,7 +6,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use redfence::{Error, Redlock};
+use redfence::{Error, NodeFailure, Redlock};
 use support::cluster::{Cluster, ComposeCluster, LocalCluster};
 use support::eventually;
 use support::proxy::{Mode, Proxy};
@@ -150,11 +150,35 @@ async fn availability(cluster: &mut dyn Cluster, fault: Fault, down: [usize; 3])
         eventually(|| (0..5).all(|i| cluster.keys(i).is_empty())).await,
         "{name}/{fault:?}: keys left after healing"
     );
+    // Killed nodes came back empty: a majority that lost its memory is quarantined (by
+    // default, for every client), so nothing is granted until the period ends; past it, the
+    // cluster locks as before (shown here with the quarantine off).
+    if let Fault::Kill = fault {
+        let err = patient_builder(cluster)
+            .retry_count(0)
+            .build()
+            .expect("config")
+            .acquire(&[job], TTL)
+            .await
+            .expect_err("a majority restarted empty");
+        let Error::QuorumUnreachable { errors, .. } = &err else {
+            panic!("{name}: expected the quarantine, got {err:?}");
+        };
+        let mut quarantined: Vec<usize> = errors
+            .iter()
+            .filter(|e| matches!(e.failure, NodeFailure::Quarantined { .. }))
+            .map(|e| e.index)
+            .collect();
+        quarantined.sort_unstable();
+        assert_eq!(quarantined, down, "{name}: {err}");
+        assert!(eventually(|| (0..5).all(|i| cluster.keys(i).is_empty())).await);
+    }
     // Connections that were cut off resume with TCP's retransmission backoff: allow seconds.
     let patient = Redlock::builder()
         .nodes(cluster.urls())
         .retry_count(u32::MAX)
         .acquire_timeout(Duration::from_secs(20))
+        .restart_quarantine(Duration::ZERO)
         .build()
         .expect("config");
     let lock = patient
@@ -166,9 +190,10 @@ async fn availability(cluster: &mut dyn Cluster, fault: Fault, down: [usize; 3])
 }
 
 async fn all_availability(cluster: &mut dyn Cluster) {
-    availability(cluster, Fault::Kill, [0, 2, 4]).await;
     availability(cluster, Fault::Pause, [1, 3, 0]).await;
     availability(cluster, Fault::Disconnect, [4, 1, 2]).await;
+    // Last: a majority killed comes back empty, and stays quarantined for the period.
+    availability(cluster, Fault::Kill, [0, 2, 4]).await;
 }
 
 against_both!(all_availability, availability_local, availability_compose);

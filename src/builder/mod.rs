@@ -11,10 +11,10 @@ use crate::error::ConfigError;
 use crate::events::{Event, EventHook};
 use crate::fence::FencingCounter;
 use crate::inner::Shared;
+use crate::memory::MemoryBook;
 use crate::node::Voter;
 #[cfg(test)]
 use crate::node::fake::{Fake, FakeNode};
-use crate::node::identity::QuarantineRule;
 use crate::node_addr::NodeAddr;
 use crate::redlock::Redlock;
 use crate::resource_type::ResourceType;
@@ -211,38 +211,47 @@ impl RedlockBuilder {
         self
     }
 
-    /// How long a lock server that restarted does not count toward a majority for an
-    /// acquisition (nor for confirming an extension). Redlock's known weakness: a server
-    /// restarted without persistence has forgotten the locks it granted, so during their TTL a
-    /// second owner could get a majority with its vote. A quarantined server's vote is still
-    /// cast and its key still written (and released if the attempt fails), but the grant counts
-    /// as a [`NodeFailure::Quarantined`](crate::NodeFailure::Quarantined); an extension does not
-    /// set its missing key again until it is out of quarantine. Set it to the longest TTL any
-    /// client uses on these servers, plus the [`lock_delay`](Self::lock_delay) if any (a
-    /// restart forgets the delay's keys too; a day at most: `build()` refuses more);
-    /// [`Duration::ZERO`] turns quarantine off.
+    /// How long a lock server that lost any of its memory does not count toward a majority
+    /// for an acquisition (nor for confirming an extension), for every client: one that saw the
+    /// loss and a process started after it alike. Redlock's known weakness: a server that
+    /// forgot the locks it granted lets a second owner get a majority with its vote during
+    /// their TTL. A quarantined server's vote is still cast and its key still written (and
+    /// released if the attempt fails), but the grant counts as a
+    /// [`NodeFailure::Quarantined`](crate::NodeFailure::Quarantined); an extension does not set
+    /// its missing key again until it is out of quarantine.
     ///
-    /// A server is known restarted when its `run_id` (`INFO server`, read on the first call,
-    /// after a lost connection or `NOSCRIPT`, and every second) changed while this client was
-    /// connected to it; it is then quarantined until its uptime reaches this period.
+    /// **Default: 60 s plus the [`lock_delay`](Self::lock_delay).** Set it to at least the
+    /// longest TTL any client uses on these servers plus the lock-delay (a loss forgets the
+    /// delay's keys too); a day at most (`build()` refuses more). [`Duration::ZERO`] turns it
+    /// off, with every check below.
     ///
-    /// - **Default (not called): 60 s, for restarts seen while connected only.** A server
-    ///   met for the first time is trusted whatever its uptime, so a client started together
-    ///   with fresh servers (a test suite, a demo) locks at once.
-    /// - **Called (any non-zero value):** also a server met for the first time whose uptime is
-    ///   below the period is quarantined, so a client started after the restart (a new process,
-    ///   another service) is protected too. A freshly started cluster then grants nothing for
-    ///   the period.
+    /// A server has lost memory when it lost any of its keys, whatever the cause:
+    /// - a restart without persistence, `FLUSHALL` or `FLUSHDB`, a failover to an empty
+    ///   replica: its memory marker (`<prefix>redfence:memory`, a random id with no TTL) is
+    ///   gone, while the other servers' rosters (`<prefix>redfence:roster:<server>`) remember
+    ///   it. A client started afterwards sees that too;
+    /// - a restart that reloaded a snapshot or an AOF, which may miss the latest grants: its
+    ///   marker is older than its start, and it started less than the period ago;
+    /// - seen by a connected client: a new `run_id`, a new replication id (a failover), evicted
+    ///   keys, or a step of the server's clock beyond the drift bound (its expiries were wrong).
+    ///   The client replaces the server's marker, so that every other client sees the loss.
     ///
-    /// A server that refuses `INFO server` for good (an ACL without it, a proxy that does not
-    /// know it) is never quarantined. Any other failure to read it, or a connection lost on
-    /// any call (a lock call or an advisory one such as [`Redlock::inspect`](crate::Redlock::inspect)),
-    /// makes the server suspect: its votes do not count until its identity is read again.
+    /// The period is counted from the loss, by the least of the server's own clock and the
+    /// clocks of the other servers that recorded it, so one stepped clock cannot end it early.
+    /// A brand-new set of servers (no client has locked there yet) grants at once.
+    ///
+    /// What it cannot see: the memory of **every** server lost at once without persistence
+    /// (no roster is left to remember it), and an eviction while no client was connected.
+    /// [Fencing tokens](Self::fencing) protect the data in those cases. Name every server the
+    /// same way (the same URLs) in every client: the rosters are kept by name. The checks read
+    /// `INFO` and run `scripts/memory.lua` (`GET`, `SET`, `TIME` on the two keys above, by
+    /// `EVALSHA` after a `SCRIPT LOAD`) beside the lock calls, once a second at most, with no
+    /// round trip of their own but the first. A server that refuses them for good (an ACL
+    /// without `INFO` or `TIME`) is not quarantined for what they would show. Any other failure
+    /// to read it, or a connection lost on any call, makes the server suspect: its votes do
+    /// not count until it is read again. Cluster and Sentinel voters are not quarantined.
     pub fn restart_quarantine(mut self, period: Duration) -> Self {
-        self.config.quarantine = QuarantineRule {
-            period,
-            first_contact: !period.is_zero(),
-        };
+        self.config.restart_quarantine = Some(period);
         self
     }
 
@@ -319,9 +328,10 @@ impl RedlockBuilder {
             return Err(ConfigError::NoNodes);
         }
         let tasks = TaskTracker::new();
+        let memory = Arc::new(MemoryBook::new(config.quarantine().period));
         let mut voters: Vec<Voter> = Vec::with_capacity(self.nodes.len());
         for (index, addr) in self.nodes.into_iter().enumerate() {
-            let voter = addr.into_voter(index, &config, &tasks)?;
+            let voter = addr.into_voter(index, &config, &tasks, &memory)?;
             if let Some(first) = voters
                 .iter()
                 .position(|v| !v.identities.is_disjoint(&voter.identities))

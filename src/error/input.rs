@@ -125,18 +125,19 @@ pub enum InvalidInput {
         max: usize,
     },
     /// A resource's key ends the way redfence's own keys beside every lock do
-    /// (`:redfence:waiting`, `:redfence:queue`, `:redfence:alive`): such a
-    /// lock could be overwritten or deleted by the waiters and releases of
-    /// the lock it sits beside.
+    /// (`:redfence:waiting`, `:redfence:queue`, `:redfence:alive`), or its name is a voter's
+    /// memory marker (`redfence:memory`) or roster key (`redfence:roster:…`): such a lock
+    /// could be overwritten or deleted by the waiters and releases of the lock it sits
+    /// beside, or break the restart quarantine.
     #[error(
-        "resource #{index} ({resource:?}) has a key ending in {suffix:?}, which redfence keeps for its own keys beside every lock"
+        "resource #{index} ({resource:?}) has a key marked {suffix:?}, which redfence keeps for its own keys (beside every lock, and the restart quarantine's memory)"
     )]
     ReservedName {
         /// Its position in the slice given.
         index: usize,
         /// The name as given.
         resource: String,
-        /// The reserved ending its key has.
+        /// The reserved part its key has.
         suffix: &'static str,
     },
     /// The same resource was given twice.

@@ -47,13 +47,15 @@ pub enum NodeFailure {
     /// docs/production.md gives the ACL line that grants what redfence needs.
     #[error("permission denied by the node's ACL")]
     Permission(#[source] redis::RedisError),
-    /// The node restarted recently (its uptime is below
-    /// [`restart_quarantine`](crate::RedlockBuilder::restart_quarantine), or its `run_id`
-    /// changed while this client was connected): it may have forgotten locks it granted before
-    /// the restart, so its grant (or its confirmation of an extension) does not count toward a
-    /// majority until `remaining` has passed. Its key was still written (and released if the
-    /// round failed).
-    #[error("restarted recently: quarantined for another {remaining:?}")]
+    /// The node lost some of its memory recently (a restart, a flush, a failover, evicted keys,
+    /// a step of its clock: see
+    /// [`restart_quarantine`](crate::RedlockBuilder::restart_quarantine)): it may have
+    /// forgotten locks it granted, so its grant (or its confirmation of an extension) does not
+    /// count toward a majority until `remaining` has passed. Its key was still written (and
+    /// released if the round failed).
+    #[error(
+        "may have forgotten locks it granted (restarted, flushed or evicted recently): quarantined for another {remaining:?}"
+    )]
     Quarantined {
         /// How long the quarantine still lasts.
         remaining: Duration,

@@ -43,21 +43,25 @@ pub(crate) async fn eviction_policy<C: ConnectionLike + Send>(
     policy_of(eviction_policy_cmd().query_async(conn).await?)
 }
 
-/// `CONFIG GET maxmemory-policy`.
+/// `INFO memory`, whose `maxmemory_policy` field is the policy: unlike `CONFIG GET`, which
+/// managed services (ElastiCache, Memorystore) refuse, every server answers it.
 pub(crate) fn eviction_policy_cmd() -> redis::Cmd {
-    let mut cmd = redis::cmd("CONFIG");
-    cmd.arg("GET").arg("maxmemory-policy");
+    let mut cmd = redis::cmd("INFO");
+    cmd.arg("memory");
     cmd
 }
 
-/// The policy in a reply to [`eviction_policy_cmd`] (name, value).
-pub(crate) fn policy_of(reply: Vec<String>) -> Result<String, redis::RedisError> {
-    reply.into_iter().nth(1).ok_or_else(|| {
-        redis::RedisError::from((
-            redis::ErrorKind::UnexpectedReturnType,
-            "CONFIG GET maxmemory-policy returned no value",
-        ))
-    })
+/// The policy in a reply to [`eviction_policy_cmd`].
+pub(crate) fn policy_of(info: String) -> Result<String, redis::RedisError> {
+    info.lines()
+        .find_map(|line| line.strip_prefix("maxmemory_policy:"))
+        .map(|policy| policy.trim().to_owned())
+        .ok_or_else(|| {
+            redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "INFO memory has no maxmemory_policy field",
+            ))
+        })
 }
 
 /// The server's `run_id` (`INFO server`), as [`Node::run_id`](super::Node::run_id).

@@ -301,7 +301,7 @@ impl Node for ClusterNode {
             Advisory::Claim(claim) => {
                 advice(advisory::claim_on(&self.shared, &claim), Advice::Claimed)
             }
-            // Every master's: `CONFIG GET` alone goes to one member, chosen at random.
+            // Every master's: `INFO memory` alone goes to one member, chosen at random.
             Advisory::EvictionPolicy => {
                 let shared = Arc::clone(&self.shared);
                 advice(

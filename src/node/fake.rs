@@ -47,7 +47,7 @@ struct Inner {
     seen: Mutex<Vec<Op>>,
     /// key -> (token, expires at)
     keys: Mutex<HashMap<String, (String, Instant)>>,
-    /// What `CONFIG GET maxmemory-policy` answers.
+    /// What `INFO memory` says of `maxmemory_policy`.
     eviction: Mutex<String>,
     /// Guarded writes (the election's record) never answer.
     writes_hang: std::sync::atomic::AtomicBool,

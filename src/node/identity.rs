@@ -1,60 +1,46 @@
-//! A server's identity (`run_id`) and uptime, read from `INFO server` on the first call, after
-//! a lost connection, after a `NOSCRIPT` (a server that restarted without persistence lost
-//! its script cache too) and at least every [`RECHECK`]: a server that restarted recently
-//! may have forgotten the locks it granted, so it is quarantined (see
-//! [`RedlockBuilder::restart_quarantine`](crate::RedlockBuilder::restart_quarantine)).
+//! A lock server's identity and memory: `INFO` (run id, uptime, replication id, evicted keys)
+//! and `scripts/memory.lua` (the voter's marker and roster, see [`crate::memory`]) in one
+//! round trip, read before the first call, after a lost connection, a `NOSCRIPT` or a loss
+//! seen, and beside a call at least every [`RECHECK`] or when another voter's marker changed.
+//!
+//! Two judgements decide whether the server's votes count (see
+//! [`RedlockBuilder::restart_quarantine`](crate::RedlockBuilder::restart_quarantine)):
+//! - this client's own, of what it saw while connected: a new `run_id` (a restart), a new
+//!   replication id (a failover), evicted keys, a marker that vanished, a step of the server's
+//!   clock. A loss the marker survived is written back as a new marker, so that every other
+//!   client, a fresh process included, sees it too;
+//! - the [`MemoryBook`]'s, shared by the voters of one `Redlock`: what the rosters of the
+//!   other voters remember of this one.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use redis::RedisError;
 use redis::aio::ConnectionLike;
+use redis::{Script, Value};
 
 use crate::clock;
+use crate::memory::{MemoryBook, Reading, Standing};
+use reading::{ClockSample, Info, parse_info, parse_memory, refuses, stepped, text};
 
-/// How often a server's identity is read again while nothing else suggested a restart (a
+/// How often a server's identity is read again while nothing else suggested a loss (a
 /// restart that the connection hid: redis-rs reconnected while idle and another client had
 /// already loaded the script again).
 pub(crate) const RECHECK: Duration = Duration::from_secs(1);
 
-/// Which restarts quarantine a server.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The memory script, loaded beside the first reading on each server (`SCRIPT LOAD`, which an
+/// ACL user with the lock's rules may run; `EVAL` it may not).
+const MEMORY_LUA: &str = include_str!("../scripts/memory.lua");
+static MEMORY: LazyLock<Script> = LazyLock::new(|| Script::new(MEMORY_LUA));
+
+/// How long a voter that may have forgotten locks does not count, and how much clock drift
+/// its readings may show before it counts as a step.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct QuarantineRule {
-    /// How long after its start a server's votes do not count; zero turns quarantine off.
+    /// How long a voter's votes do not count after it lost memory; zero turns quarantine off
+    /// (and every identity check with it).
     pub(crate) period: Duration,
-    /// Whether a server first seen young is quarantined too (uptime below `period` at first
-    /// contact); otherwise only a `run_id` change seen while connected counts as a restart.
-    pub(crate) first_contact: bool,
-}
-
-impl QuarantineRule {
-    /// No quarantine at all.
-    #[cfg(test)]
-    pub(crate) const OFF: QuarantineRule = QuarantineRule {
-        period: Duration::ZERO,
-        first_contact: false,
-    };
-
-    /// How long a server seen with `run_id` and `uptime` stays quarantined, given the
-    /// `run_id` it had before (`None`: first contact); `None` when it is not quarantined.
-    pub(crate) fn remaining(
-        &self,
-        previous: Option<&str>,
-        run_id: &str,
-        uptime: Duration,
-    ) -> Option<Duration> {
-        if self.period.is_zero() {
-            return None;
-        }
-        let restarted = match previous {
-            Some(previous) => previous != run_id,
-            None => self.first_contact,
-        };
-        if !restarted {
-            return None;
-        }
-        self.period.checked_sub(uptime).filter(|d| !d.is_zero())
-    }
+    /// The lock's drift factor: a server clock that drifts more between two readings stepped.
+    pub(crate) drift_factor: f64,
 }
 
 /// When a server's identity is read next.
@@ -62,124 +48,159 @@ impl QuarantineRule {
 pub(crate) enum Due {
     /// Not now (read recently, quarantine off, or the server cannot tell).
     No,
-    /// Before the next call: never read, or something suggested a restart; the call's
-    /// repairs and votes depend on it.
+    /// Before the next call: never read, something suggested a restart, or a marker is to be
+    /// replaced; the call's repairs and votes depend on it.
     Before,
-    /// Beside the next call (the periodic check, in the same round trip): a restart that
-    /// nothing else revealed.
+    /// Beside the next call (the periodic check, in the same round trip).
     Beside,
 }
 
-/// One server's identity as last read, and its quarantine.
+/// One server's identity and memory as last read, and this client's own quarantine of it.
 pub(crate) struct Identity {
     rule: QuarantineRule,
+    memory: Arc<MemoryBook>,
+    /// This voter's slot in `memory`.
+    slot: usize,
+    /// The marker's key, and the roster keys' prefix (both after the key prefix).
+    marker_key: String,
+    roster_prefix: String,
     state: Mutex<State>,
 }
 
 #[derive(Default)]
 struct State {
-    run_id: Option<String>,
-    /// When the quarantine ends, if the server is or was quarantined.
+    /// What `INFO` said last.
+    info: Option<Info>,
+    /// The server's clock at the last memory reading, to catch a step.
+    clock: Option<ClockSample>,
+    /// When this client's own quarantine ends, if the server is or was quarantined.
     until: Option<Instant>,
     /// When the identity was last read.
     checked_at: Option<Instant>,
     /// Something suggested a restart: read the identity before the next call.
     suspect: bool,
-    /// The server does not answer `INFO server` (an ACL without it): never asked again.
-    unsupported: bool,
+    /// A loss the marker survived: this marker id is replaced by the next reading.
+    replace: Option<String>,
+    /// The memory script is loaded on this server (as far as this client knows).
+    loaded: bool,
+    /// The server does not answer `INFO` (an ACL without it): never asked again.
+    info_refused: bool,
+    /// The server does not run the memory script (an ACL without `TIME`, or keys outside
+    /// the user's patterns): never asked again.
+    memory_refused: bool,
+}
+
+/// The calls of one reading, in the order they are pipelined.
+struct Asked {
+    info: bool,
+    load: bool,
+    memory: bool,
+    /// The marker id this reading replaces, if any.
+    replace: Option<String>,
+    /// The voters whose roster entries the memory script reads, in order.
+    peers: Vec<String>,
 }
 
 impl Identity {
-    /// A server's identity, quarantined by `rule`.
-    pub(crate) fn new(rule: QuarantineRule) -> Self {
+    /// A server's identity, quarantined by `rule`, its memory judged in `memory` as the voter
+    /// `name` (its address as clients name it), its keys under `key_prefix`.
+    pub(crate) fn new(
+        rule: QuarantineRule,
+        memory: Arc<MemoryBook>,
+        name: &str,
+        key_prefix: &str,
+    ) -> Self {
         Identity {
             rule,
+            slot: memory.register(name),
+            memory,
+            marker_key: format!("{key_prefix}{}", crate::memory::MARKER),
+            roster_prefix: format!("{key_prefix}{}", crate::memory::ROSTER),
             state: Mutex::default(),
         }
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+    /// This voter's slot in its memory book.
+    pub(crate) fn slot(&self) -> usize {
+        self.slot
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// How long the server is still quarantined; `None` when its votes count. A server
-    /// suspected of a restart (a lost connection, `NOSCRIPT`) whose identity could not be read
-    /// since is quarantined too, for [`RECHECK`] (fail closed): its votes count again once its
-    /// `run_id` is known.
-    pub(crate) fn quarantined(&self) -> Option<Duration> {
-        let state = self.state();
-        if state.suspect && !state.unsupported && !self.rule.period.is_zero() {
-            return Some(RECHECK);
-        }
-        let until = state.until?;
-        until
-            .checked_duration_since(clock::now())
-            .filter(|d| !d.is_zero())
+    fn off(&self, state: &State) -> bool {
+        self.rule.period.is_zero() || (state.info_refused && state.memory_refused)
     }
 
-    /// Whether an extension may repair (set again) a missing key on this server: it is not
-    /// quarantined.
+    /// Whether the server's votes count now. A server suspected of a restart (a lost
+    /// connection, `NOSCRIPT`) whose identity could not be read since is quarantined too, for
+    /// [`RECHECK`] (fail closed): its votes count again once it is read.
+    pub(crate) fn standing(&self) -> Standing {
+        let own = {
+            let state = self.state();
+            if self.off(&state) {
+                return Standing::Counts;
+            }
+            if state.suspect {
+                return Standing::Quarantined(RECHECK);
+            }
+            state
+                .until
+                .and_then(|until| until.checked_duration_since(clock::now()))
+                .filter(|d| !d.is_zero())
+                .map_or(Standing::Counts, Standing::Quarantined)
+        };
+        own.and(self.memory.standing(self.slot))
+    }
+
+    /// Whether an extension may repair (set again) a missing key on this server: its votes
+    /// count.
     pub(crate) fn repairs(&self) -> bool {
-        self.quarantined().is_none()
+        self.standing() == Standing::Counts
     }
 
     /// Whether, and how, the identity should be read with the next call.
     pub(crate) fn due(&self) -> Due {
-        if self.rule.period.is_zero() {
-            return Due::No;
+        {
+            let state = self.state();
+            if self.off(&state) {
+                return Due::No;
+            }
+            match state.checked_at {
+                None => return Due::Before,
+                Some(_) if state.suspect || state.replace.is_some() => return Due::Before,
+                Some(at) if clock::since(at) >= RECHECK => return Due::Beside,
+                Some(_) => {}
+            }
         }
-        let state = self.state();
-        match state.checked_at {
-            _ if state.unsupported => Due::No,
-            None => Due::Before,
-            Some(_) if state.suspect => Due::Before,
-            Some(at) if clock::since(at) >= RECHECK => Due::Beside,
-            Some(_) => Due::No,
+        if self.memory.has_news_for(self.slot) {
+            Due::Beside
+        } else {
+            Due::No
         }
     }
 
     /// Something suggested a restart (a lost connection, `NOSCRIPT`): read the identity
-    /// before the next call.
+    /// before the next call, loading the memory script first (a restart loses scripts).
     pub(crate) fn suspect(&self) {
-        self.state().suspect = true;
-    }
-
-    /// Notes the identity read from the server.
-    pub(crate) fn observe(&self, run_id: &str, uptime: Duration) {
         let mut state = self.state();
-        let now = clock::now();
-        if let Some(remaining) = self.rule.remaining(state.run_id.as_deref(), run_id, uptime) {
-            let until = now + remaining;
-            if state.until.is_none_or(|old| old < until) {
-                tracing::warn!(
-                    ?remaining,
-                    "a lock server restarted recently: its votes do not count until its quarantine ends"
-                );
-                state.until = Some(until);
-            }
-        }
-        state.run_id = Some(run_id.to_owned());
-        state.checked_at = Some(now);
-        state.suspect = false;
+        state.suspect = true;
+        state.loaded = false;
     }
 
-    /// Reads the identity on `conn` (unless quarantine is off or the server cannot tell). A
-    /// server that refuses `INFO` (an ACL, a proxy) is not asked again and never quarantined;
-    /// any other failure leaves the check due before the next call (the lock call that follows
-    /// reports the connection's state).
+    /// Reads the identity and memory on `conn` (unless quarantine is off or the server cannot
+    /// tell). A server that refuses `INFO` or the memory script for good (an ACL, a proxy) is
+    /// not asked that again; any other failure leaves the check due before the next call.
     pub(crate) async fn check<C: ConnectionLike + Send>(&self, conn: &mut C) {
-        {
-            let state = self.state();
-            if self.rule.period.is_zero() || state.unsupported {
-                return;
-            }
-        }
-        match read(conn).await {
-            Ok(Some((run_id, uptime))) => self.observe(&run_id, uptime),
-            Ok(None) => self.give_up("INFO server has no run_id or uptime"),
-            Err(err) if refuses_info(err.code(), err.detail()) => {
-                self.give_up(&err.to_string());
-            }
+        let Some((asked, pipeline, count)) = self.ask() else {
+            return;
+        };
+        let sent = clock::now();
+        let replies = conn.req_packed_commands(&pipeline, 0, count).await;
+        let received = clock::now();
+        match replies {
+            Ok(replies) => self.observe(&asked, replies, sent, received),
             Err(err) => {
                 tracing::debug!(%err, "could not read the server's identity");
                 self.suspect();
@@ -187,132 +208,219 @@ impl Identity {
         }
     }
 
-    fn give_up(&self, why: &str) {
+    /// The calls of the next reading: `INFO`, the memory script (loaded first where it may be
+    /// missing), with what this client knows of the other voters' markers.
+    fn ask(&self) -> Option<(Asked, redis::Pipeline, usize)> {
+        let state = self.state();
+        if self.off(&state) {
+            return None;
+        }
+        let mut pipeline = redis::pipe();
+        let mut asked = Asked {
+            info: !state.info_refused,
+            load: !state.memory_refused && !state.loaded,
+            memory: !state.memory_refused,
+            replace: state.replace.clone().filter(|_| !state.memory_refused),
+            peers: Vec::new(),
+        };
+        drop(state);
+        if asked.info {
+            pipeline.cmd("INFO");
+        }
+        if asked.load {
+            pipeline.cmd("SCRIPT").arg("LOAD").arg(MEMORY_LUA);
+        }
+        if asked.memory {
+            let peers = self.memory.peers_of(self.slot);
+            let call = pipeline
+                .cmd("EVALSHA")
+                .arg(MEMORY.get_hash())
+                .arg(1 + peers.len())
+                .arg(&self.marker_key);
+            for (name, _) in &peers {
+                call.arg(format!("{}{name}", self.roster_prefix));
+            }
+            call.arg(uuid::Uuid::new_v4().simple().to_string())
+                .arg(asked.replace.as_deref().unwrap_or(""));
+            for (_, seen) in &peers {
+                call.arg(seen);
+            }
+            asked.peers = peers.into_iter().map(|(name, _)| name).collect();
+        }
+        let count = usize::from(asked.info) + usize::from(asked.load) + usize::from(asked.memory);
+        Some((asked, pipeline, count))
+    }
+
+    /// Notes one reading's `replies` (to `asked`), taken between `sent` and `received`.
+    fn observe(&self, asked: &Asked, replies: Vec<Value>, sent: Instant, received: Instant) {
+        let mut replies = replies.into_iter();
+        let mut failed = false;
+        let mut info = None;
+        if asked.info {
+            match replies.next() {
+                Some(Value::ServerError(err)) if refuses(Some(err.code()), err.details()) => {
+                    self.give_up("INFO", &format!("{err:?}"));
+                    self.state().info_refused = true;
+                }
+                Some(value) => match text(&value).and_then(|text| parse_info(&text)) {
+                    Some(read) => info = Some(read),
+                    None => failed = true,
+                },
+                None => failed = true,
+            }
+        }
+        if asked.load
+            && let Some(Value::ServerError(err)) = replies.next()
+        {
+            failed |= !self.memory_refused_by(Some(err.code()), err.details());
+        }
+        let mut reading = None;
+        if asked.memory {
+            match replies.next() {
+                Some(Value::ServerError(err)) if err.code() == "NOSCRIPT" => {
+                    // A server that no longer has the script may have restarted.
+                    self.state().loaded = false;
+                    failed = true;
+                }
+                Some(Value::ServerError(err)) => {
+                    failed |= !self.memory_refused_by(Some(err.code()), err.details());
+                }
+                Some(value) => match parse_memory(value, &asked.peers, info.as_ref(), received) {
+                    Some(read) => reading = Some(read),
+                    None => failed = true,
+                },
+                None => failed = true,
+            }
+        }
+        if failed {
+            tracing::debug!("could not read the server's identity and memory");
+            self.suspect();
+            return;
+        }
+        self.note(asked, info, reading, sent, received);
+    }
+
+    /// Whether an error to the memory script refuses it for good (then noted): no permission
+    /// (an ACL without `TIME`, keys outside the user's patterns: inside a script the server
+    /// says "The user executing the script can't run this command" or "can't access"), a
+    /// command the server does not know, or another type at the marker's key.
+    fn memory_refused_by(&self, code: Option<&str>, detail: Option<&str>) -> bool {
+        let refused = refuses(code, detail)
+            || code == Some("WRONGTYPE")
+            || detail.is_some_and(|d| {
+                [
+                    "NOPERM",
+                    "WRONGTYPE",
+                    "can't run this command",
+                    "can't access",
+                ]
+                .iter()
+                .any(|sign| d.contains(sign))
+            });
+        if refused {
+            self.give_up("the memory script", detail.unwrap_or_default());
+            self.state().memory_refused = true;
+            self.memory.unreadable(self.slot);
+        }
+        refused
+    }
+
+    /// Notes a reading that succeeded: what it shows of a loss, then the memory book.
+    fn note(
+        &self,
+        asked: &Asked,
+        info: Option<Info>,
+        reading: Option<Reading>,
+        sent: Instant,
+        received: Instant,
+    ) {
+        let period = self.rule.period;
+        let previous_marker = self.memory.marker(self.slot);
+        let mut state = self.state();
+        let now = clock::now();
+        let mut until: Option<Instant> = None;
+        let mut lost = |why: &str, end: Instant| {
+            tracing::warn!(
+                why,
+                "a lock server may have forgotten locks it granted: its votes do not count \
+                 until its quarantine ends"
+            );
+            until = Some(until.map_or(end, |until: Instant| until.max(end)));
+        };
+        // Losses the marker may have survived: replaced by the next reading.
+        let mut survived = false;
+        if let (Some(old), Some(new)) = (&state.info, &info) {
+            if old.run_id != new.run_id {
+                if let Some(left) = period.checked_sub(new.uptime).filter(|d| !d.is_zero()) {
+                    lost("restarted", now + left);
+                    survived = true;
+                }
+            } else if new.replid.is_some() && old.replid != new.replid {
+                lost("a new replication id (a failover)", now + period);
+                survived = true;
+            }
+            if new.evicted > old.evicted && old.evicted.is_some() {
+                lost("it evicted keys", now + period);
+                survived = true;
+            }
+        }
+        if let (Some(old), Some(reading)) = (state.clock, &reading)
+            && stepped(old, reading.now_ms, sent, received, self.rule.drift_factor)
+        {
+            lost("its clock stepped", now + period);
+            survived = true;
+        }
+        if let (Some(old), Some(reading)) = (&previous_marker, &reading)
+            && *old != reading.marker.id
+        {
+            // Made after the loss: its own age is at most the loss's (the rosters of the other
+            // voters keep a stepped clock from shortening it).
+            let age = Duration::from_millis(reading.now_ms.saturating_sub(reading.marker.made_ms));
+            lost(
+                "its memory marker changed",
+                reading.at + period.saturating_sub(age),
+            );
+            survived = false;
+        }
+        if let Some(until) = until
+            && state.until.is_none_or(|old| old < until)
+        {
+            state.until = Some(until);
+        }
+        if asked.replace.is_some() && reading.is_some() {
+            state.replace = None;
+        }
+        if survived && let Some(reading) = &reading {
+            state.replace = Some(reading.marker.id.clone());
+        }
+        if let Some(info) = info {
+            state.info = Some(info);
+        }
+        if let Some(reading) = &reading {
+            state.clock = Some(ClockSample {
+                server_ms: reading.now_ms,
+                sent,
+                received,
+            });
+            state.loaded = true;
+        }
+        state.checked_at = Some(now);
+        state.suspect = false;
+        drop(state);
+        if let Some(reading) = reading {
+            self.memory.record(self.slot, reading);
+        }
+    }
+
+    fn give_up(&self, what: &str, why: &str) {
         tracing::warn!(
+            what,
             why,
-            "the server's run_id cannot be read: its restarts are not quarantined"
+            "the server refuses a call of the restart quarantine: the losses it would show are not quarantined"
         );
-        self.state().unsupported = true;
     }
 }
 
-/// Whether an error (its `code` and `detail`) refuses `INFO` for good: no permission (an ACL
-/// without it) or a command the server or a proxy does not know. Any other error (`ERR max
-/// number of clients reached`, a server still loading) is passing: the server stays suspect,
-/// quarantined until its identity is read (fail closed), never trusted for good.
-fn refuses_info(code: Option<&str>, detail: Option<&str>) -> bool {
-    match code {
-        Some("NOPERM") => true,
-        Some("ERR") => detail.is_some_and(|detail| {
-            let detail = detail.to_ascii_lowercase();
-            detail.contains("unknown command") || detail.contains("unsupported command")
-        }),
-        _ => false,
-    }
-}
-
-/// The server's `run_id` and uptime, from `INFO server`.
-async fn read<C: ConnectionLike + Send>(
-    conn: &mut C,
-) -> Result<Option<(String, Duration)>, RedisError> {
-    let info: String = redis::cmd("INFO").arg("server").query_async(conn).await?;
-    Ok(parse(&info))
-}
-
-/// The `run_id` and `uptime_in_seconds` fields of an `INFO server` reply.
-fn parse(info: &str) -> Option<(String, Duration)> {
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
-            .map(str::trim)
-    };
-    let run_id = field("run_id")?.to_owned();
-    let uptime = field("uptime_in_seconds")?.parse::<u64>().ok()?;
-    Some((run_id, Duration::from_secs(uptime)))
-}
-
+mod reading;
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const S: Duration = Duration::from_secs(1);
-
-    #[test]
-    fn parses_run_id_and_uptime() {
-        let info = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc123\r\nuptime_in_seconds:42\r\nuptime_in_days:0\r\n";
-        assert_eq!(parse(info), Some(("abc123".to_owned(), 42 * S)));
-        assert_eq!(parse("run_id:abc\r\n"), None);
-        assert_eq!(parse("uptime_in_seconds:x\r\nrun_id:a\r\n"), None);
-    }
-
-    #[test]
-    fn only_a_refusal_for_good_stops_the_identity_checks() {
-        assert!(refuses_info(
-            Some("NOPERM"),
-            Some("this user has no permissions")
-        ));
-        assert!(refuses_info(
-            Some("ERR"),
-            Some("unknown command 'INFO', with args beginning with: 'server'")
-        ));
-        assert!(refuses_info(Some("ERR"), Some("Unsupported command")));
-        // Passing errors: the server stays suspect (quarantined until read), not trusted.
-        assert!(!refuses_info(
-            Some("ERR"),
-            Some("max number of clients reached")
-        ));
-        assert!(!refuses_info(
-            Some("LOADING"),
-            Some("Redis is loading the dataset")
-        ));
-        assert!(!refuses_info(Some("ERR"), None));
-        assert!(!refuses_info(None, None));
-    }
-
-    #[test]
-    fn by_default_only_a_changed_run_id_quarantines() {
-        let rule = QuarantineRule {
-            period: 60 * S,
-            first_contact: false,
-        };
-        assert_eq!(rule.remaining(None, "a", S), None, "first contact");
-        assert_eq!(rule.remaining(Some("a"), "a", S), None, "same server");
-        assert_eq!(rule.remaining(Some("a"), "b", 10 * S), Some(50 * S));
-        assert_eq!(rule.remaining(Some("a"), "b", 60 * S), None, "long ago");
-    }
-
-    #[test]
-    fn first_contact_quarantines_a_young_server_when_asked() {
-        let rule = QuarantineRule {
-            period: 60 * S,
-            first_contact: true,
-        };
-        assert_eq!(rule.remaining(None, "a", 5 * S), Some(55 * S));
-        assert_eq!(rule.remaining(None, "a", 61 * S), None);
-        assert_eq!(rule.remaining(Some("a"), "a", 5 * S), None, "seen before");
-        assert_eq!(QuarantineRule::OFF.remaining(Some("a"), "b", S), None);
-    }
-
-    #[test]
-    fn a_restart_seen_quarantines_until_the_period_ends() {
-        let identity = Identity::new(QuarantineRule {
-            period: 60 * S,
-            first_contact: false,
-        });
-        assert_eq!(identity.due(), Due::Before);
-        identity.observe("a", 100 * S);
-        assert_eq!(identity.due(), Due::No);
-        assert_eq!(identity.quarantined(), None);
-        identity.suspect();
-        assert_eq!(identity.due(), Due::Before);
-        assert_eq!(
-            identity.quarantined(),
-            Some(RECHECK),
-            "unverified: fail closed"
-        );
-        identity.observe("b", 20 * S);
-        let left = identity.quarantined().expect("quarantined");
-        assert!(left <= 40 * S && left > 39 * S, "{left:?}");
-        assert!(!identity.repairs());
-    }
-}
+mod tests;

@@ -192,12 +192,11 @@ pub(crate) trait Node: Send + Sync {
     /// The node's address (host, port and database, never credentials), for error messages.
     fn addr(&self) -> &str;
 
-    /// How long this node's votes still do not count because it restarted recently (see
-    /// [`RedlockBuilder::restart_quarantine`](crate::RedlockBuilder::restart_quarantine));
-    /// `None` when they count. Voters that do not track restarts (a Cluster, a Sentinel
-    /// group, fakes) are never quarantined.
-    fn quarantined(&self) -> Option<std::time::Duration> {
-        None
+    /// Whether this node's votes count now, or it may have forgotten locks it granted (see
+    /// [`RedlockBuilder::restart_quarantine`](crate::RedlockBuilder::restart_quarantine)).
+    /// Voters that do not track their memory (a Cluster, a Sentinel group, fakes) always count.
+    fn standing(&self) -> crate::memory::Standing {
+        crate::memory::Standing::Counts
     }
 }
 
@@ -338,7 +337,7 @@ pub(crate) async fn write_if_held(
     .await
 }
 
-/// The server's `maxmemory-policy` (`CONFIG GET`); a Cluster voter's, every master's.
+/// The server's `maxmemory-policy` (`INFO memory`); a Cluster voter's, every master's.
 pub(crate) async fn eviction_policy(node: &dyn Node) -> Result<String, NodeFailure> {
     advised(node, Advisory::EvictionPolicy, |advice| match advice {
         Advice::EvictionPolicy(policy) => Ok(policy),

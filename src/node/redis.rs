@@ -15,10 +15,11 @@ use super::pipeline::Pipeline;
 use super::server_link::ServerLink;
 use super::{Advice, Advisory, Node, NodeCall, Op, Request, advisory};
 use crate::error::NodeFailure;
+use crate::memory::{MemoryBook, Standing};
 
 /// A Redis master. Every lock's lock calls go through the node's one [`Queue`], which sends
 /// them batched over redis-rs's multiplexed connection (whatever the address: TCP, TLS, a Unix
-/// socket); the advisory calls (`inspect`, guarded writes, `CONFIG GET`) use the same
+/// socket); the advisory calls (`inspect`, guarded writes, `INFO memory`) use the same
 /// connection. It is made on first use, inside the caller's runtime, and remade after
 /// failures.
 #[derive(Clone)]
@@ -32,22 +33,31 @@ pub(crate) struct RedisNode {
 
 impl RedisNode {
     /// A master reached through `client`; `native_commands` as
-    /// `RedlockBuilder::native_commands`, `quarantine` as `RedlockBuilder::restart_quarantine`.
+    /// `RedlockBuilder::native_commands`, `quarantine` as `RedlockBuilder::restart_quarantine`,
+    /// its memory judged in `memory` with the other voters', its keys under `key_prefix`.
     pub(crate) fn new(
         client: Client,
         node_timeout: Duration,
         native_commands: bool,
         quarantine: QuarantineRule,
+        memory: &Arc<MemoryBook>,
+        key_prefix: &str,
         tasks: TaskTracker,
     ) -> Self {
         let info = client.get_connection_info();
         let addr = format!("{}/{}", info.addr(), info.redis_settings().db());
-        let identity = Arc::new(Identity::new(quarantine));
+        let identity = Arc::new(Identity::new(
+            quarantine,
+            Arc::clone(memory),
+            &addr,
+            key_prefix,
+        ));
         let shared = Arc::new(
             LazyConnection::new(client, connect_timeout(node_timeout))
-                .tracked_by(tasks)
+                .tracked_by(tasks.clone())
                 .reporting_to(Arc::clone(&identity)),
         );
+        nudge_on_news(memory, &identity, &shared, tasks, node_timeout);
         let connection = Arc::clone(&shared);
         let link_identity = Arc::clone(&identity);
         let queue = Queue::new(&addr, node_timeout, move || {
@@ -69,6 +79,51 @@ impl RedisNode {
     pub(crate) fn pubsub_client(&self) -> Client {
         self.shared.client().clone()
     }
+}
+
+/// Reads the server's memory again in the background, on `connection`, whenever another
+/// voter's marker is news to its roster (see [`MemoryBook::on_news`]): bounded like a
+/// connect, tracked by `tasks` (which `Redlock::close` waits for), on the runtime of the
+/// reading that brought the news.
+fn nudge_on_news(
+    memory: &Arc<MemoryBook>,
+    identity: &Arc<Identity>,
+    connection: &Arc<LazyConnection>,
+    tasks: TaskTracker,
+    node_timeout: Duration,
+) {
+    let (slot, book) = (identity.slot(), Arc::downgrade(memory));
+    let (identity, connection) = (Arc::downgrade(identity), Arc::downgrade(connection));
+    memory.on_news(slot, move || {
+        let done = {
+            let book = book.clone();
+            move || {
+                if let Some(book) = book.upgrade() {
+                    book.nudged(slot);
+                }
+            }
+        };
+        let (Some(identity), Some(connection), Ok(runtime)) = (
+            identity.upgrade(),
+            connection.upgrade(),
+            tokio::runtime::Handle::try_current(),
+        ) else {
+            return done();
+        };
+        let read = async move {
+            let mut conn = connection.connection().await.ok()?;
+            identity.check(&mut conn).await;
+            Some(())
+        };
+        let bound = connect_timeout(node_timeout);
+        tasks.spawn_on(
+            async move {
+                let _ = tokio::time::timeout(bound, read).await;
+                done();
+            },
+            &runtime,
+        );
+    });
 }
 
 /// Starts a node's serving task on a runtime (see [`Queue`]).
@@ -233,7 +288,7 @@ impl Node for RedisNode {
         &self.addr
     }
 
-    fn quarantined(&self) -> Option<Duration> {
-        self.identity.quarantined()
+    fn standing(&self) -> Standing {
+        self.identity.standing()
     }
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::Error;
 use crate::error::{LossReason, NodeError, NodeFailure};
+use crate::memory::Standing;
 use crate::node::{Nodes, Op};
 
 /// The size of a majority of `nodes`: `floor(nodes / 2) + 1`.
@@ -45,6 +46,10 @@ pub(crate) struct Tally {
     pub(crate) errors: Vec<NodeError>,
     /// The nodes that refused (answered 0): an acquire wrote nothing there.
     pub(crate) refused_by: Vec<usize>,
+    /// Grants whose node's standing is not settled yet (see [`Standing::Unsettled`]): by
+    /// index, with how long the node stays unsettled. Counted once settled, as quarantined
+    /// when every node answered and they still are not.
+    unsettled: Vec<(usize, Duration)>,
 }
 
 impl Tally {
@@ -55,6 +60,7 @@ impl Tally {
             denied: 0,
             errors: Vec::new(),
             refused_by: Vec::new(),
+            unsettled: Vec::new(),
         }
     }
 
@@ -71,29 +77,35 @@ impl Tally {
         result: Result<i64, NodeFailure>,
     ) {
         let node = &nodes[index];
-        self.count(op, index, node.addr(), result, || node.quarantined());
+        self.count(op, index, node.addr(), result, node.standing());
+        self.settle(|index| (nodes[index].addr(), nodes[index].standing()));
     }
 
-    /// Counts one node's outcome, `quarantined` saying whether (and for how long) the node's
-    /// votes do not count because it restarted recently.
+    /// Counts one node's outcome, `standing` saying whether the node's votes count, or it
+    /// may have forgotten locks it granted (a restart, a flush: see `memory.rs`).
     ///
     /// A quarantined node's grant of an acquire or an extend is neither a vote nor a refusal:
     /// it is recorded as a [`NodeFailure::Quarantined`] error, so that the round cannot reach
     /// a majority with it, a failed acquire releases the key it wrote (as after any node
-    /// failure), and the error says why. Its refusals are refusals (another owner's key is
-    /// there), and its releases count as any other.
+    /// failure), and the error says why. An unsettled node's grant waits (see
+    /// [`Tally::settle`]). Refusals are refusals (another owner's key is there), and releases
+    /// count as any other.
     pub(super) fn count(
         &mut self,
         op: Op,
         index: usize,
         addr: &str,
         result: Result<i64, NodeFailure>,
-        quarantined: impl FnOnce() -> Option<Duration>,
+        standing: Standing,
     ) {
         let result = match result {
-            Ok(reply) if reply > 0 && op != Op::Release && op != Op::Leave => match quarantined() {
-                Some(remaining) => Err(NodeFailure::Quarantined { remaining }),
-                None => Ok(reply),
+            Ok(reply) if reply > 0 && op != Op::Release && op != Op::Leave => match standing {
+                Standing::Counts => Ok(reply),
+                Standing::Quarantined(remaining) => Err(NodeFailure::Quarantined { remaining }),
+                Standing::Unsettled(remaining) => {
+                    self.unsettled.push((index, remaining));
+                    return;
+                }
             },
             other => other,
         };
@@ -109,6 +121,37 @@ impl Tally {
                 failure,
             }),
         }
+    }
+
+    /// Counts the unsettled grants whose node's `standing` (with its address, by index) is
+    /// settled now: a vote once it counts (or once every node answered, still unsettled: no
+    /// roster read by then remembers another marker for it, and the servers that did not
+    /// answer cannot be waited for), a [`NodeFailure::Quarantined`] error once it is
+    /// quarantined.
+    pub(super) fn settle<'a>(&mut self, standing: impl Fn(usize) -> (&'a str, Standing)) {
+        if self.unsettled.is_empty() {
+            return;
+        }
+        let all_in = self.answered() + self.errors.len() + self.unsettled.len() == self.nodes;
+        let mut waiting = std::mem::take(&mut self.unsettled);
+        waiting.retain(|&(index, _)| {
+            let (addr, now) = standing(index);
+            let failure = match now {
+                Standing::Unsettled(_) if !all_in => return true,
+                Standing::Counts | Standing::Unsettled(_) => {
+                    self.granted += 1;
+                    return false;
+                }
+                Standing::Quarantined(remaining) => NodeFailure::Quarantined { remaining },
+            };
+            self.errors.push(NodeError {
+                index,
+                addr: addr.to_owned(),
+                failure,
+            });
+            false
+        });
+        self.unsettled = waiting;
     }
 
     /// Records the votes so far in the current span.
@@ -264,10 +307,12 @@ mod tests {
         let mut tally = Tally::new(5);
         for index in 0..5 {
             let reply = if grants.contains(&index) { 1 } else { 0 };
-            let q = quarantined
-                .contains(&index)
-                .then_some(Duration::from_secs(7));
-            tally.count(op, index, "node", Ok(reply), || q);
+            let standing = if quarantined.contains(&index) {
+                Standing::Quarantined(Duration::from_secs(7))
+            } else {
+                Standing::Counts
+            };
+            tally.count(op, index, "node", Ok(reply), standing);
         }
         tally
     }
@@ -312,5 +357,44 @@ mod tests {
         let tally = round(Op::Acquire, &[0, 1, 2, 3, 4], &[0, 1, 2, 3]);
         assert_eq!((tally.granted, tally.errors.len()), (1, 4));
         assert!(matches!(tally.acquire_failure(), Failed::Other(_)));
+    }
+
+    #[test]
+    fn an_unsettled_grant_waits_for_the_other_nodes() {
+        const WAIT: Duration = Duration::from_secs(9);
+        // Three nodes; node 0's grant is unsettled (its marker is young, the others' rosters
+        // unread). The others' answers settle it: once they are read it counts.
+        let mut tally = Tally::new(3);
+        tally.count(Op::Acquire, 0, "a", Ok(1), Standing::Unsettled(WAIT));
+        tally.settle(|_| ("a", Standing::Unsettled(WAIT)));
+        assert_eq!((tally.granted, tally.errors.len()), (0, 0));
+        assert!(!tally.decided(Until::Granted));
+        tally.count(Op::Acquire, 1, "b", Ok(1), Standing::Counts);
+        tally.settle(|_| ("a", Standing::Counts));
+        assert_eq!(tally.granted, 2);
+        assert!(tally.reached());
+        // Still unsettled when every node answered (node 2, which could remember another
+        // marker, is down): no roster read says it lost memory, so it counts.
+        let mut tally = Tally::new(3);
+        tally.count(Op::Acquire, 0, "a", Ok(1), Standing::Unsettled(WAIT));
+        tally.count(Op::Acquire, 1, "b", Ok(1), Standing::Counts);
+        tally.settle(|_| ("a", Standing::Unsettled(WAIT)));
+        assert_eq!(tally.granted, 1);
+        assert!(!tally.decided(Until::Granted));
+        tally.count(
+            Op::Acquire,
+            2,
+            "c",
+            Err(NodeFailure::Timeout(WAIT)),
+            Standing::Counts,
+        );
+        tally.settle(|_| ("a", Standing::Unsettled(WAIT)));
+        assert_eq!((tally.granted, tally.errors.len()), (2, 1));
+        assert!(tally.reached());
+        // Settled as quarantined by a roster read meanwhile.
+        let mut tally = Tally::new(3);
+        tally.count(Op::Acquire, 0, "a", Ok(1), Standing::Unsettled(WAIT));
+        tally.settle(|_| ("a", Standing::Quarantined(WAIT)));
+        assert_eq!((tally.granted, tally.errors.len()), (0, 1));
     }
 }

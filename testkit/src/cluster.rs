@@ -39,11 +39,15 @@ pub trait Cluster {
         redis::cmd("GET").arg(key).query(&mut conn).ok()?
     }
 
-    /// The keys on node `i` (empty when it cannot be inspected).
+    /// The keys on node `i` but the restart quarantine's memory (see [`Servers::keys`]);
+    /// empty when it cannot be inspected.
     fn keys(&self, i: usize) -> Vec<String> {
         self.conn(i)
-            .and_then(|mut c| redis::cmd("KEYS").arg("*").query(&mut c))
+            .and_then(|mut c| redis::cmd("KEYS").arg("*").query::<Vec<String>>(&mut c))
             .unwrap_or_default()
+            .into_iter()
+            .filter(|key| !crate::servers::is_memory_key(key))
+            .collect()
     }
 }
 

@@ -332,8 +332,19 @@ impl Servers {
             .expect("PTTL")
     }
 
-    /// Every key on server `i`.
+    /// Every key on server `i` but the restart quarantine's memory, which every client keeps
+    /// on every server and never deletes (`<prefix>redfence:memory`, the marker, and
+    /// `<prefix>redfence:roster:<server>`; see redfence's `src/memory.rs`): the keys locks
+    /// leave behind.
     pub fn keys(&self, i: usize) -> Vec<String> {
+        self.all_keys(i)
+            .into_iter()
+            .filter(|key| !is_memory_key(key))
+            .collect()
+    }
+
+    /// Every key on server `i`, the restart quarantine's memory included.
+    pub fn all_keys(&self, i: usize) -> Vec<String> {
         redis::cmd("KEYS")
             .arg("*")
             .query(&mut self.conn(i))
@@ -417,4 +428,9 @@ impl AcceptedConnections {
             .and_then(|v| v.trim().parse().ok())
             .expect("total_connections_received")
     }
+}
+
+/// Whether `key` is one of the restart quarantine's memory keys (see [`Servers::keys`]).
+pub(crate) fn is_memory_key(key: &str) -> bool {
+    key.ends_with("redfence:memory") || key.contains("redfence:roster:")
 }

@@ -1,0 +1,280 @@
+//! The restart quarantine by memory, with **default settings** and **fresh clients** (a new
+//! `Redlock`, as every new process makes): a voter that lost any of its memory (a restart
+//! without persistence, `FLUSHALL`, a reload of an old snapshot, a step of its clock) does not
+//! count toward a majority, for a client that never saw it happen; a brand-new voter set grants
+//! at once. Real servers, three of them.
+
+mod support;
+
+use std::time::Duration;
+
+use redfence::{Error, Lock, NodeFailure, Redlock};
+use support::faketime::{Clocks, Pieces};
+use support::restarted::quarantined;
+use support::{PATIENT, Servers, TestRedlock, eventually, warm_up};
+
+const RES: &str = "ledger:memory";
+const TTL: Duration = Duration::from_secs(20);
+
+/// A client with the default quarantine, one attempt per acquisition.
+fn fresh(servers: &Servers) -> Redlock {
+    servers
+        .builder()
+        .retry_count(0)
+        .node_timeout(PATIENT)
+        .build()
+        .expect("valid config")
+}
+
+/// The roster key in which server `of`'s marker is remembered on the other servers.
+fn roster_key(servers: &Servers, of: usize) -> String {
+    format!("redfence:roster:127.0.0.1:{}/0", servers.port(of))
+}
+
+/// Waits until every server's roster remembers every other server's marker (the clients
+/// write them beside their first calls).
+async fn rosters_written(servers: &Servers) {
+    let n = servers.len();
+    let written = eventually(|| {
+        (0..n).all(|on| {
+            (0..n)
+                .filter(|&of| of != on)
+                .all(|of| servers.get(on, &roster_key(servers, of)).is_some())
+        })
+    })
+    .await;
+    assert!(written, "every roster names every other server's marker");
+}
+
+/// A, a client with default settings, holds `RES` on all three servers (a brand-new voter
+/// set, which grants at once), and the rosters remember every marker.
+async fn a_holds(servers: &Servers) -> Lock {
+    let a = fresh(servers);
+    let lock = a
+        .try_acquire(&[RES], TTL)
+        .await
+        .expect("a new voter set grants at once");
+    let everywhere = eventually(|| servers.holders(RES, lock.token(), 0..3) == vec![0, 1, 2]);
+    assert!(everywhere.await, "A holds on every server");
+    rosters_written(servers).await;
+    lock
+}
+
+/// How old server `i`'s marker is, by its own clock.
+fn marker_age(servers: &Servers, i: usize) -> Duration {
+    let marker = servers.get(i, "redfence:memory").expect("a marker");
+    let made: u64 = marker
+        .rsplit_once('|')
+        .and_then(|(_, ms)| ms.parse().ok())
+        .expect("id|ms");
+    let (secs, micros): (u64, u64) = servers.cmd(i, &["TIME"]);
+    Duration::from_millis((secs * 1000 + micros / 1000).saturating_sub(made))
+}
+
+/// `err` is a refusal in which `nodes` were quarantined.
+fn assert_quarantined(err: &Error, nodes: &[usize]) {
+    let mut seen = quarantined(err);
+    seen.sort_unstable();
+    assert_eq!(seen, nodes, "{err}");
+    assert!(err.to_string().contains("quarantined"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_brand_new_voter_set_grants_the_first_lock_at_once() {
+    let servers = Servers::start(3);
+    let lock = fresh(&servers)
+        .try_acquire(&[RES], TTL)
+        .await
+        .expect("no client ever locked here: nothing can have been forgotten");
+    lock.release().await.expect("release");
+    rosters_written(&servers).await;
+    // A second fresh client finds the markers first seen, not replaced: it grants too.
+    let lock = fresh(&servers)
+        .try_acquire(&[RES], TTL)
+        .await
+        .expect("grants");
+    lock.release().await.expect("release");
+}
+
+/// The first finding: a fresh process granted a lock another one still held, after
+/// nodes 1 and 2 restarted without persistence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_client_is_refused_after_a_majority_restart() {
+    let mut servers = Servers::start(3);
+    let a = a_holds(&servers).await;
+    servers.restart(1);
+    servers.restart(2);
+    assert_eq!(servers.holders(RES, a.token(), 0..3), vec![0]);
+
+    let err = fresh(&servers)
+        .try_acquire(&[RES], Duration::from_secs(5))
+        .await
+        .expect_err("nodes 1 and 2 forgot A's lock");
+    assert_quarantined(&err, &[1, 2]);
+    assert!(!a.is_expired());
+    // The refused attempt released what it wrote on the quarantined nodes.
+    assert!(
+        eventually(|| (1..3).all(|i| servers.get(i, RES).is_none())).await,
+        "the failed attempt released its keys"
+    );
+    // Without the quarantine, the same fresh client is a second owner: what it prevents.
+    let reckless = servers
+        .builder()
+        .restart_quarantine(Duration::ZERO)
+        .retry_count(0)
+        .node_timeout(PATIENT)
+        .build()
+        .expect("valid config");
+    let second = reckless
+        .try_acquire(&[RES], Duration::from_secs(5))
+        .await
+        .expect("two owners without the quarantine");
+    assert!(!a.is_expired(), "A still holds: two valid owners");
+    second.release().await.expect("release");
+}
+
+/// A flush loses memory as a restart does, but the `run_id` stays: the markers tell it, to a
+/// fresh client and to one that was connected, even with the quarantine off before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushall_on_a_majority_is_quarantined_for_every_client() {
+    let servers = Servers::start(3);
+    let connected = fresh(&servers);
+    warm_up(&connected).await;
+    let a = a_holds(&servers).await;
+    for i in [1, 2] {
+        let _: () = servers.cmd(i, &["FLUSHALL"]);
+    }
+    let err = fresh(&servers)
+        .try_acquire(&[RES], Duration::from_secs(5))
+        .await
+        .expect_err("nodes 1 and 2 forgot A's lock");
+    assert_quarantined(&err, &[1, 2]);
+    // The connected client, once it read the servers again (a second after its last reading).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let err = connected
+        .try_acquire(&[RES], Duration::from_secs(5))
+        .await
+        .expect_err("the connected client sees the markers gone");
+    assert_quarantined(&err, &[1, 2]);
+    assert!(!a.is_expired());
+    a.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minority_restart_costs_only_that_voters_vote() {
+    let mut servers = Servers::start(3);
+    a_holds(&servers).await.release().await.expect("release");
+    servers.restart(2);
+    // A free resource: nodes 0 and 1 are a majority, node 2's grant does not count.
+    let lock = fresh(&servers)
+        .try_acquire(&["free"], TTL)
+        .await
+        .expect("two voters of three are a majority");
+    lock.release().await.expect("release");
+    // With node 0 held by another owner, node 2's vote would be the deciding one: refused.
+    let _: () = servers.cmd(0, &["SET", RES, "other", "PX", "20000"]);
+    let err = fresh(&servers)
+        .try_acquire(&[RES], Duration::from_secs(5))
+        .await
+        .expect_err("node 2 is quarantined");
+    assert_quarantined(&err, &[2]);
+}
+
+/// A majority restarted from an RDB snapshot taken before the lock: the snapshot has the
+/// markers (and the rosters), not the lock. Quarantined for fresh and connected clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_majority_reloaded_from_an_older_snapshot_is_quarantined() {
+    let mut servers = Servers::start(3);
+    let connected = fresh(&servers);
+    warm_up(&connected).await;
+    rosters_written(&servers).await;
+    // A server's uptime is in whole seconds: a marker made in the second or two before its
+    // start cannot be told from one made just after it. Real markers are days old.
+    let aged = eventually(|| (0..2).all(|i| marker_age(&servers, i) > Duration::from_millis(2500)));
+    assert!(aged.await, "the markers age");
+    for i in [0, 1] {
+        let _: () = servers.cmd(i, &["SAVE"]);
+    }
+    let a = fresh(&servers).try_acquire(&[RES], TTL).await.expect("A");
+    servers.restart(0);
+    servers.restart(1);
+    assert_eq!(servers.holders(RES, a.token(), 0..3), vec![2]);
+    assert!(
+        servers.get(0, "redfence:memory").is_some(),
+        "the marker was reloaded"
+    );
+
+    let err = fresh(&servers)
+        .try_acquire(&[RES], Duration::from_secs(5))
+        .await
+        .expect_err("nodes 0 and 1 reloaded a snapshot older than A's lock");
+    assert_quarantined(&err, &[0, 1]);
+    let err = connected
+        .try_acquire(&[RES], Duration::from_secs(5))
+        .await
+        .expect_err("the connected client saw the restarts");
+    assert_quarantined(&err, &[0, 1]);
+    assert!(!a.is_expired());
+}
+
+/// K = 2 permits held by A; nodes 1 and 2 restart and forget the slots and the size. A fresh
+/// client gets no permit: there are never more than K holders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_never_exceeds_its_permits_through_a_majority_restart() {
+    let mut servers = Servers::start(3);
+    let a = fresh(&servers);
+    let sem = a.semaphore("pool", 2).expect("semaphore");
+    let first = sem.try_acquire(TTL).await.expect("permit 1");
+    let second = sem.try_acquire(TTL).await.expect("permit 2");
+    rosters_written(&servers).await;
+    servers.restart(1);
+    servers.restart(2);
+
+    let b = fresh(&servers);
+    let sem_b = b.semaphore("pool", 2).expect("semaphore");
+    for attempt in 0..2 {
+        match sem_b.try_acquire(Duration::from_secs(5)).await {
+            Err(Error::QuorumUnreachable { errors, .. }) => assert!(
+                errors
+                    .iter()
+                    .any(|e| matches!(e.failure, NodeFailure::Quarantined { .. })),
+                "attempt {attempt}: {errors:?}"
+            ),
+            Err(other) => panic!("attempt {attempt}: {other}"),
+            Ok(_) => panic!("attempt {attempt}: a third holder of a 2-permit semaphore"),
+        }
+    }
+    assert!(!first.is_expired() && !second.is_expired());
+}
+
+/// A server whose clock steps forward (its expiries were wrong) is quarantined by a client
+/// that watched it, which replaces its marker: a fresh client sees the loss too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_whose_clock_steps_is_quarantined() {
+    let (servers, clocks) = match Pieces::find() {
+        Ok(pieces) => Clocks::start(&pieces, 3, &[]),
+        Err(missing) => {
+            eprintln!("skipping a_voter_whose_clock_steps_is_quarantined: missing {missing}");
+            return;
+        }
+    };
+    let connected = fresh(&servers);
+    warm_up(&connected).await;
+    rosters_written(&servers).await;
+    clocks.jump(2, Duration::from_secs(30));
+    // Node 0 held by another owner: node 2's vote decides.
+    let _: () = servers.cmd(0, &["SET", RES, "other", "PX", "60000"]);
+    // A connected client reads a server's clock beside a call once a second: the step shows
+    // in the first reading a second after the last one.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let err = connected
+        .try_acquire(&[RES], Duration::from_secs(5))
+        .await
+        .expect_err("node 2's clock stepped");
+    assert_quarantined(&err, &[2]);
+    let err = fresh(&servers)
+        .try_acquire(&[RES], Duration::from_secs(5))
+        .await
+        .expect_err("node 2's marker was replaced: a fresh client quarantines it too");
+    assert_quarantined(&err, &[2]);
+}
