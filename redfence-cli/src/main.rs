@@ -58,11 +58,15 @@ async fn dispatch(cli: &Cli) -> Result<u8, Failure> {
         Command::Run(args) => run::run(&cli.common, args).await,
         Command::Status(args) => {
             let redlock = setup::build(setup::builder(&cli.common)?)?;
-            status::status(&redlock, args).await
+            let outcome = status::status(&redlock, args).await;
+            setup::close(&redlock, cli.common.node_timeout).await;
+            outcome
         }
         Command::Release(args) => {
             let redlock = setup::build(setup::builder(&cli.common)?)?;
-            release::release(&redlock, args).await
+            let outcome = release::release(&redlock, args).await;
+            setup::close(&redlock, cli.common.node_timeout).await;
+            outcome
         }
     }
 }

@@ -78,7 +78,21 @@ pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
         )));
     }
     let redlock = redlock(common, args)?;
-    let held = Held::new(&redlock, args, &resources)?;
+    let outcome = run_with(&redlock, args, &resources, common.quiet).await;
+    // Whatever the outcome: what the attempts wrote and left to the background is undone
+    // before the process exits.
+    setup::close(&redlock, common.node_timeout).await;
+    outcome
+}
+
+/// [`run`] with its lock manager built: acquire (waiting as `--wait` says), run, release.
+async fn run_with(
+    redlock: &Redlock,
+    args: &RunArgs,
+    resources: &[String],
+    quiet: bool,
+) -> Result<u8, Failure> {
+    let held = Held::new(redlock, args, resources)?;
     let mut signals = Signals::catch()?;
     child::adopt_orphans();
     let wait = match (args.no_wait, args.wait) {
@@ -88,7 +102,7 @@ pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
     let deadline = Instant::now() + wait;
     // The default delays, for as long as `--wait` lasts (the deadline ends the loop).
     let mut delays = Backoff::DEFAULT.retries(u32::MAX).delays();
-    let mut waiting = Waiting::new(&resources, wait, common.quiet);
+    let mut waiting = Waiting::new(resources, wait, quiet);
     let spec = Spec {
         argv: args.command.clone(),
         shell: args.shell,
@@ -100,14 +114,14 @@ pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
         let scope = Scope {
             spec: &spec,
             args,
-            resources: &resources,
+            resources,
             signals: &mut signals,
             waiting: &mut waiting,
         };
         let outcome = match &held {
             Held::Lock => {
                 redlock
-                    .using(&resources, args.ttl, |signal| scope.supervise(signal))
+                    .using(resources, args.ttl, |signal| scope.supervise(signal))
                     .await
             }
             Held::Permit(semaphore) => {

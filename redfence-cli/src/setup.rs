@@ -26,6 +26,26 @@ pub fn builder(common: &Common) -> Result<RedlockBuilder, Failure> {
     })
 }
 
+/// The least time a command gives [`Redlock::close`] before it exits.
+const CLOSE_WITHIN: Duration = Duration::from_secs(1);
+
+/// Shuts `redlock` down before the process exits, on every path (done, busy, failed,
+/// signalled): what redfence wrote and has not confirmed undone yet (the releases of a
+/// failed attempt on nodes that timed out, of a lock dropped on an error path, calls still
+/// queued for a node) goes out now, on this current-thread runtime, which runs its tasks only
+/// while it is in `block_on`. Waits for it at most a second, or twice `node_timeout` when
+/// that is longer: a node that stays unreachable keeps what it was sent until its TTL.
+pub async fn close(redlock: &Redlock, node_timeout: Duration) {
+    let within = CLOSE_WITHIN.max(node_timeout.saturating_mul(2));
+    if tokio::time::timeout(within, redlock.close()).await.is_err() {
+        tracing::warn!(
+            "some nodes did not confirm redfence's releases within {}: a key left there \
+             expires at the end of its TTL",
+            humantime::format_duration(within)
+        );
+    }
+}
+
 /// Builds the `Redlock`: a bad URL or option is a usage error.
 pub fn build(builder: RedlockBuilder) -> Result<Redlock, Failure> {
     builder

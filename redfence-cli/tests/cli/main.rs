@@ -4,7 +4,8 @@
 //! and those that left its group or session (`descendants.rs`); the job's environment
 //! (`environment.rs`); a fencing counter that fails once (`fencing.rs`); a terminal's
 //! foreground (`terminal.rs`); `-n K`, a semaphore's permits (`semaphore.rs`); `--shared` /
-//! `--exclusive`, a read-write lock (`rwlock.rs`).
+//! `--exclusive`, a read-write lock (`rwlock.rs`); nothing a refused run wrote outlives it
+//! (`left_behind.rs`).
 //!
 //! The servers come from the workspace's harness, `redfence-testkit` (`testkit/`).
 
@@ -14,6 +15,7 @@ mod environment;
 mod exit_codes;
 mod fencing;
 mod hold;
+mod left_behind;
 mod processes;
 mod rwlock;
 mod semaphore;
