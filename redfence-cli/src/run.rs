@@ -157,7 +157,7 @@ async fn run_with(
         // A cold connection (the first call of a fresh process) can miss a short node
         // timeout: give failed nodes a few attempts even without --wait. Contention obeys
         // --wait alone.
-        let unreachable = !matches!(error, Error::Contended { .. });
+        let unreachable = !exit::held_elsewhere(&error);
         let few = unreachable && attempts < MIN_ATTEMPTS;
         // A counter that could not issue a token (the lock was released: fail closed) is
         // retried within --wait, as an unreachable node is: a slow batch, or a counter that
@@ -256,12 +256,7 @@ fn redlock(common: &Common, args: &RunArgs) -> Result<Redlock, Failure> {
 /// it is logged at info level, so `-q` keeps it silent.
 fn not_acquired(error: &Error, busy: u8) -> Failure {
     let failure = Failure::from_lock_error(error, busy);
-    if failure.code == busy
-        && matches!(
-            error,
-            Error::Contended { .. } | Error::AcquireTimeout { .. }
-        )
-    {
+    if failure.code == busy && exit::held_elsewhere(error) {
         tracing::info!("busy, the command did not run: {error}");
         return Failure::new(failure.code, String::new());
     }

@@ -1,11 +1,12 @@
-//! Nothing a run wrote outlives it (issue 38: each test failed before its fix).
+//! Nothing a run wrote outlives it, and a refusal during the restart quarantine says "busy"
+//! (issue 38: each test failed before its fix).
 
 use std::time::Duration;
 
 use redfence_testkit::Servers;
 use redfence_testkit::proxy::{Mode, Proxy};
 
-use super::{Files, UNAVAILABLE, redfence, redfence_at, wait_for};
+use super::{BUSY, Files, UNAVAILABLE, redfence, redfence_at, wait_for};
 
 /// Far longer than [`redfence_testkit::DEADLINE`]: a key found gone within the deadline was
 /// released, not expired.
@@ -58,6 +59,29 @@ fn a_run_refused_during_the_quarantine_leaves_no_key_behind() {
     let again = run_nc(&servers, &files);
     let stderr = String::from_utf8_lossy(&again.stderr);
     assert!(stderr.contains("1 refused"), "{stderr}");
+}
+
+/// The same refusal is "busy" (75): a holder refused, and the other nodes are quarantined,
+/// which they are because they may have forgotten that holder's key. (It exited 69,
+/// "unreachable".) With nobody holding it, the quarantine alone is "unreachable".
+#[test]
+fn a_run_refused_by_a_holder_during_the_quarantine_is_busy() {
+    let servers = a_holder_on_node_0_and_the_others_quarantined();
+    let files = Files::new();
+    let out = run_nc(&servers, &files);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(BUSY), "{stderr}");
+    assert!(stderr.contains("quarantined"), "says why: {stderr}");
+    assert!(!files.path("ran").exists(), "the command ran");
+
+    let _: () = servers.cmd(0, &["DEL", "nc"]);
+    let free = run_nc(&servers, &files);
+    assert_eq!(
+        free.status.code(),
+        Some(UNAVAILABLE),
+        "no holder, every node quarantined: {free:?}"
+    );
+    assert!(!files.path("ran").exists(), "the command ran");
 }
 
 /// Proxies delaying every byte by `delay` each way in front of some servers, served by a

@@ -4,8 +4,8 @@
 //! and those that left its group or session (`descendants.rs`); the job's environment
 //! (`environment.rs`); a fencing counter that fails once (`fencing.rs`); a terminal's
 //! foreground (`terminal.rs`); `-n K`, a semaphore's permits (`semaphore.rs`); `--shared` /
-//! `--exclusive`, a read-write lock (`rwlock.rs`); nothing a refused run wrote outlives it
-//! (`left_behind.rs`).
+//! `--exclusive`, a read-write lock (`rwlock.rs`); nothing a refused run wrote outlives it,
+//! and a refusal during the restart quarantine is busy (`left_behind.rs`).
 //!
 //! The servers come from the workspace's harness, `redfence-testkit` (`testkit/`).
 
