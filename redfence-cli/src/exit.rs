@@ -21,7 +21,7 @@ pub const NOT_FOUND: u8 = 127;
 pub const TABLE: &str = "\
 Exit codes:
   0-255  the command's own exit code; 128+N when it died of signal N
-  64     usage error: bad flag, duration, URL or resource (nothing was sent)
+  64     usage error: bad flag, duration, URL, nodes file or resource (nothing was sent)
   69     quorum unreachable, or the fencing counter could not issue a token
   70     internal error
   75     busy: another owner holds the lock, the command did not run (--busy-exit-code);

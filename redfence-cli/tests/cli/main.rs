@@ -50,6 +50,7 @@ fn redfence_at(nodes: &str) -> Command {
         .env("REDFENCE_NODE_TIMEOUT", "200ms")
         .env_remove("RUST_LOG")
         .env_remove("REDFENCE_FENCING")
+        .env_remove("REDFENCE_NODES_FILE")
         .env_remove("REDFENCE_KEY_PREFIX")
         .stdin(Stdio::null());
     command
