@@ -222,7 +222,7 @@ impl Held {
         };
         let refused = |error: Error| Failure::from_lock_error(&error, args.busy_exit_code);
         Ok(match args.permits {
-            Some(permits) => Held::Permit(redlock.semaphore(name, permits).map_err(refused)?),
+            Some(permits) => Held::Permit(setup::semaphore(redlock, name, permits)?),
             None if args.shared => Held::Read(redlock.rwlock(name).map_err(refused)?),
             None => Held::Write(redlock.rwlock(name).map_err(refused)?),
         })

@@ -6,11 +6,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
-use redfence::{RedisCounter, Redlock, RedlockBuilder};
+use redfence::{Error, InvalidInput, RedisCounter, Redlock, RedlockBuilder, Semaphore};
 use redfence_postgres::PostgresCounter;
 
 use crate::args::Common;
-use crate::exit::Failure;
+use crate::exit::{self, Failure};
 
 /// A builder over the nodes and options every command takes; checks the node list.
 pub fn builder(common: &Common) -> Result<RedlockBuilder, Failure> {
@@ -86,6 +86,25 @@ fn nodes_file(path: &Path) -> Result<Vec<String>, Failure> {
         )));
     }
     Ok(urls)
+}
+
+/// The semaphore `name` of `permits` permits (`run -n`, `status -n`): a name too long for
+/// its slots' names is a usage error that says how long it may be.
+pub fn semaphore(redlock: &Redlock, name: &str, permits: u32) -> Result<Semaphore, Failure> {
+    redlock.semaphore(name, permits).map_err(|error| match &error {
+        Error::InvalidInput(InvalidInput::ResourceTooLong { max, .. }) => {
+            // The longest slot name, that of the last slot, is the one checked.
+            let suffix = format!(":semaphore:slot:{}", permits.saturating_sub(1)).len();
+            Failure::usage(format!(
+                "the semaphore's name is {} bytes long: its slots' names, <name>{}, may have at \
+                 most {max} bytes, so with {permits} permits its name may have at most {}",
+                name.len(),
+                ":semaphore:slot:<i>",
+                max.saturating_sub(suffix)
+            ))
+        }
+        _ => Failure::from_lock_error(&error, exit::BUSY),
+    })
 }
 
 /// The least time a command gives [`Redlock::close`] before it exits.
