@@ -127,7 +127,8 @@ pub struct RunArgs {
     pub max_hold: Option<Duration>,
 
     /// The grace between SIGTERM and SIGKILL when the lock is lost or the hold ends, and for
-    /// what the command leaves running when it exits (at most what is left of the lease)
+    /// what the command leaves running when it exits (at most until shortly before the lease
+    /// ends: 1 % of --ttl plus 22 ms)
     #[arg(long, default_value = "10s", value_parser = duration, value_name = "DURATION")]
     pub kill_after: Duration,
 

@@ -5,7 +5,8 @@
 //! (`environment.rs`); a fencing counter that fails once (`fencing.rs`); a terminal's
 //! foreground (`terminal.rs`); `-n K`, a semaphore's permits (`semaphore.rs`); `--shared` /
 //! `--exclusive`, a read-write lock (`rwlock.rs`); nothing a refused run wrote outlives it,
-//! and a refusal during the restart quarantine is busy (`left_behind.rs`).
+//! and a refusal during the restart quarantine is busy (`left_behind.rs`); SIGKILL before
+//! a lost lock's validity ends (`lost.rs`).
 //!
 //! The servers come from the workspace's harness, `redfence-testkit` (`testkit/`).
 
@@ -16,6 +17,7 @@ mod exit_codes;
 mod fencing;
 mod hold;
 mod left_behind;
+mod lost;
 mod processes;
 mod rwlock;
 mod semaphore;
