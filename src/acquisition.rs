@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use futures::FutureExt;
+use rand::TryRngCore;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::clock;
@@ -421,10 +422,32 @@ async fn fence(
     }
 }
 
-/// A fresh owner token: 128 random bits from the OS-seeded CSPRNG, as 32 hex digits.
+/// A fresh owner token (and a fair or writing waiter's): 128 bits straight from the operating
+/// system's generator (rand's `OsRng`: `getrandom(2)` on Linux), as 32 hex digits. Not from a
+/// generator in this process: rand's thread generator is not reseeded on `fork`, so a forked
+/// child, or a VM restored twice from one snapshot, could mint its twin's tokens and release
+/// or extend its locks. One system call per token.
+///
+/// # Panics
+///
+/// When the operating system's generator fails, which it does not on a working system
+/// (Linux's `getrandom(2)` blocks until it is seeded and is retried on `EINTR`; without it,
+/// `/dev/urandom` is read): only a sandbox that denies both can make it fail. No lock can be
+/// told apart from another's then, and [`Error`] has no variant for it; the thread generator
+/// this replaces, and `uuid`'s identities for elections, panic there as well.
 pub(crate) fn new_token() -> Arc<str> {
-    let bits: u128 = rand::random();
-    Arc::from(format!("{bits:032x}"))
+    match os_token() {
+        Ok(token) => token,
+        Err(err) => panic!("the operating system's random generator failed: {err}"),
+    }
+}
+
+/// [`new_token`], or why the operating system's generator could not give one.
+fn os_token() -> Result<Arc<str>, rand::rand_core::OsError> {
+    let mut bytes = [0u8; 16];
+    rand::rngs::OsRng.try_fill_bytes(&mut bytes)?;
+    let bits = u128::from_be_bytes(bytes);
+    Ok(Arc::from(format!("{bits:032x}")))
 }
 
 #[cfg(test)]
@@ -438,5 +461,22 @@ mod tests {
         assert_eq!(a.len(), 32);
         assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(a, b);
+    }
+
+    /// The tokens come from the operating system's generator, which answers here; a thousand
+    /// of them are distinct and use every hex digit in every place (not a counter, not a
+    /// constant part).
+    #[test]
+    fn tokens_come_from_the_operating_systems_generator() {
+        let tokens: Vec<Arc<str>> = (0..1_000)
+            .map(|_| os_token().expect("the OS generator answers"))
+            .collect();
+        let distinct: std::collections::HashSet<&str> = tokens.iter().map(|t| &**t).collect();
+        assert_eq!(distinct.len(), tokens.len());
+        for place in 0..32 {
+            let digits: std::collections::HashSet<u8> =
+                tokens.iter().map(|t| t.as_bytes()[place]).collect();
+            assert_eq!(digits.len(), 16, "hex digit #{place} takes every value");
+        }
     }
 }

@@ -422,8 +422,12 @@ impl Redlock {
     ///
     /// Call it before the process exits, after dropping or releasing its locks: without it,
     /// `main` can return before a dropped lock's release has run, and the other replicas
-    /// then wait out the TTL. Locks still held stay usable (extend, release) after `close`,
-    /// and `using()` scopes already running go on to their end.
+    /// then wait out the TTL. On a current-thread runtime this matters even more: its tasks
+    /// run only while it is in `block_on`, so background releases (a dropped lock's, those of
+    /// a failed attempt on nodes that did not answer) and requests still queued for a node are
+    /// never sent once the last `block_on` has returned; `close` is where they go out. Locks
+    /// still held stay usable (extend, release) after `close`, and `using()` scopes already
+    /// running go on to their end.
     ///
     /// ```no_run
     /// # async fn run(redlock: redfence::Redlock) -> Result<(), redfence::Error> {

@@ -1,6 +1,7 @@
 //! The command line: `redfence [GLOBAL OPTIONS] run|status|release ...`.
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand};
@@ -24,9 +25,17 @@ pub struct Cli {
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Global options")]
 pub struct Common {
-    /// Redis masters, comma-separated or repeated (redis://[user:password@]host:port/db)
+    /// Redis masters, comma-separated or repeated (redis://[user:password@]host:port/db). On
+    /// a command line they are visible to every user of the machine (ps): give passwords in
+    /// REDFENCE_NODES or --nodes-file instead
     #[arg(long, env = "REDFENCE_NODES", value_delimiter = ',', global = true)]
     pub nodes: Vec<String>,
+
+    /// A file of Redis masters instead of --nodes: one URL per line, blank lines and lines
+    /// starting with # ignored. Refused unless only its owner may read it (mode 0600 or
+    /// stricter): it holds their passwords
+    #[arg(long, env = "REDFENCE_NODES_FILE", value_name = "PATH", global = true)]
+    pub nodes_file: Option<PathBuf>,
 
     /// A prefix put before every resource name to form its Redis key
     #[arg(long, env = "REDFENCE_KEY_PREFIX", default_value = "", global = true)]
@@ -118,7 +127,8 @@ pub struct RunArgs {
     pub max_hold: Option<Duration>,
 
     /// The grace between SIGTERM and SIGKILL when the lock is lost or the hold ends, and for
-    /// what the command leaves running when it exits (at most what is left of the lease)
+    /// what the command leaves running when it exits (at most until shortly before the lease
+    /// ends: 1 % of --ttl plus 22 ms)
     #[arg(long, default_value = "10s", value_parser = duration, value_name = "DURATION")]
     pub kill_after: Duration,
 
@@ -134,15 +144,18 @@ pub struct RunArgs {
     #[arg(long)]
     pub shell: bool,
 
-    /// Let the command inherit REDFENCE_NODES and REDFENCE_FENCING (URLs that may hold
-    /// passwords), which are otherwise removed from its environment
+    /// Let the command inherit REDFENCE_NODES, REDFENCE_NODES_FILE and REDFENCE_FENCING (URLs
+    /// that may hold passwords, and where to read some), which are otherwise removed from its
+    /// environment
     #[arg(long)]
     pub pass_env: bool,
 
     /// The command and its arguments, after `--`. It gets REDFENCE_RESOURCES (comma-separated),
-    /// REDFENCE_TTL_MS, with -n REDFENCE_SLOT, and, with --fencing, REDFENCE_FENCE; not REDFENCE_NODES nor
-    /// REDFENCE_FENCING (see --pass-env). On Linux every process it starts is followed, in its
-    /// process group or out of it, and stopped before the lock is released
+    /// REDFENCE_TTL_MS, with -n REDFENCE_SLOT, and, with --fencing, REDFENCE_FENCE; not
+    /// REDFENCE_NODES, REDFENCE_NODES_FILE nor REDFENCE_FENCING (see --pass-env). On Linux
+    /// every process it starts is followed, in its process group or out of it, and stopped
+    /// before the lock is released; redfence is not dumpable, so that the job cannot read
+    /// redfence's environment or memory through /proc
     #[arg(required = true, last = true, value_name = "CMD")]
     pub command: Vec<OsString>,
 }

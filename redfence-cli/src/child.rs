@@ -25,8 +25,9 @@ use crate::signals;
 use crate::tree;
 
 /// The variables of redfence's own environment that may hold a URL with a password (the
-/// nodes, the fencing counter): the job does not get them unless `--pass-env` is given.
-pub const SECRET_ENV: [&str; 2] = ["REDFENCE_NODES", "REDFENCE_FENCING"];
+/// nodes, the fencing counter) or say where to read some (the nodes file): the job does not
+/// get them unless `--pass-env` is given.
+pub const SECRET_ENV: [&str; 3] = ["REDFENCE_NODES", "REDFENCE_NODES_FILE", "REDFENCE_FENCING"];
 
 /// What to run, and how.
 #[derive(Debug)]

@@ -1,6 +1,6 @@
 //! Exit codes (sysexits style) and the failure type every command returns.
 
-use redfence::Error;
+use redfence::{Error, NodeFailure};
 
 /// A command line or option that cannot work (EX_USAGE).
 pub const USAGE: u8 = 64;
@@ -21,10 +21,11 @@ pub const NOT_FOUND: u8 = 127;
 pub const TABLE: &str = "\
 Exit codes:
   0-255  the command's own exit code; 128+N when it died of signal N
-  64     usage error: bad flag, duration, URL or resource (nothing was sent)
+  64     usage error: bad flag, duration, URL, nodes file or resource (nothing was sent)
   69     quorum unreachable, or the fencing counter could not issue a token
   70     internal error
-  75     busy: another owner holds the lock, the command did not run (--busy-exit-code)
+  75     busy: another owner holds the lock, the command did not run (--busy-exit-code);
+         also refused by a holder with the other nodes in restart quarantine
   79     lock lost (or --max-hold reached) while the command ran: it got SIGTERM
   126    the command could not be executed
   127    the command was not found";
@@ -62,6 +63,7 @@ impl Failure {
                 last: Some(last), ..
             } => Failure::from_lock_error(last, busy).code,
             Error::Contended { .. } | Error::AcquireTimeout { .. } => busy,
+            Error::QuorumUnreachable { .. } if held_elsewhere(error) => busy,
             Error::QuorumUnreachable { .. }
             | Error::Overloaded { .. }
             | Error::NoValidity { .. }
@@ -70,6 +72,38 @@ impl Failure {
             _ => SOFTWARE,
         };
         Failure::new(code, error.to_string())
+    }
+}
+
+/// Whether a lock was not acquired because another owner holds it: contention (refusals
+/// alone ruled a majority out), a wait that ran out in line or on contention, or, during a
+/// restart quarantine, refusals that rule a majority out once the quarantined nodes are left
+/// aside. A quarantined node's grant is no sign that the lock is free: the node restarted and
+/// may have forgotten the holder's key, which is why it is quarantined. So a holder on one of
+/// three nodes, the other two restarted, is busy (75), not unreachable (69); with no refusal
+/// at all (every node quarantined, say), nobody is known to hold it: unreachable. Nodes that
+/// failed (timed out, unreachable) do not change the answer: once the refusals and the
+/// quarantine rule a majority out, a node that answered could not have changed the outcome.
+pub fn held_elsewhere(error: &Error) -> bool {
+    match error {
+        Error::Contended { .. } | Error::AcquireTimeout { last: None, .. } => true,
+        Error::AcquireTimeout {
+            last: Some(last), ..
+        } => held_elsewhere(last),
+        Error::QuorumUnreachable {
+            denied,
+            quorum,
+            nodes,
+            errors,
+            ..
+        } => {
+            let quarantined = errors
+                .iter()
+                .filter(|e| matches!(e.failure, NodeFailure::Quarantined { .. }))
+                .count();
+            *denied > 0 && nodes.saturating_sub(denied.saturating_add(quarantined)) < *quorum
+        }
+        _ => false,
     }
 }
 
@@ -91,6 +125,26 @@ mod tests {
         codes.sort_unstable();
         codes.dedup();
         assert_eq!(codes.len(), 7);
+    }
+
+    #[test]
+    fn refusals_that_leave_room_for_a_majority_are_not_busy() {
+        // One refusal of three, no quarantine: the other two failed, and could have granted.
+        let error = Error::QuorumUnreachable {
+            granted: 0,
+            denied: 1,
+            quorum: 2,
+            nodes: 3,
+            errors: Vec::new(),
+        };
+        assert!(!held_elsewhere(&error));
+        assert_eq!(Failure::from_lock_error(&error, BUSY).code, UNAVAILABLE);
+        let waited = Error::AcquireTimeout {
+            waited: std::time::Duration::from_secs(1),
+            attempts: 3,
+            last: Some(Box::new(error)),
+        };
+        assert_eq!(Failure::from_lock_error(&waited, BUSY).code, UNAVAILABLE);
     }
 
     #[test]

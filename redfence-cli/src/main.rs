@@ -28,18 +28,40 @@ mod waiting;
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use clap::error::ErrorKind;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches};
 
 use crate::args::{Cli, Command};
 use crate::exit::Failure;
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    // First of all: the job, and any process of the same user, must not read the node URLs
+    // (their passwords) from this process's environment or memory in /proc.
+    let undumpable = not_dumpable();
+    let matches = match Cli::command().try_get_matches() {
+        Ok(matches) => matches,
+        Err(err) => return usage_error(&err),
+    };
+    let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(err) => return usage_error(&err),
     };
     logging::init(cli.common.verbose, cli.common.quiet);
+    if let Err(err) = undumpable {
+        tracing::warn!(
+            %err,
+            "cannot make redfence undumpable: the job may read its environment in /proc"
+        );
+    }
+    if matches.value_source("nodes") == Some(ValueSource::CommandLine)
+        && cli.common.nodes.iter().any(|url| has_password(url))
+    {
+        tracing::warn!(
+            "a password given with --nodes on the command line is visible to every user of \
+             this machine (ps, /proc/<pid>/cmdline): set REDFENCE_NODES or use --nodes-file"
+        );
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -58,13 +80,45 @@ async fn dispatch(cli: &Cli) -> Result<u8, Failure> {
         Command::Run(args) => run::run(&cli.common, args).await,
         Command::Status(args) => {
             let redlock = setup::build(setup::builder(&cli.common)?)?;
-            status::status(&redlock, args).await
+            let outcome = status::status(&redlock, args).await;
+            setup::close(&redlock, cli.common.node_timeout).await;
+            outcome
         }
         Command::Release(args) => {
             let redlock = setup::build(setup::builder(&cli.common)?)?;
-            release::release(&redlock, args).await
+            let outcome = release::release(&redlock, args).await;
+            setup::close(&redlock, cli.common.node_timeout).await;
+            outcome
         }
     }
+}
+
+/// Makes this process not dumpable (Linux: `prctl(PR_SET_DUMPABLE, 0)`): its
+/// `/proc/<pid>/environ`, `mem` and the like then belong to root, so that the job, run as the
+/// same user, cannot read the node URLs from them. Its `cmdline` stays readable by everyone,
+/// hence the warning about `--nodes` on a command line. No core dump is written either. The
+/// job itself is dumpable again: an `execve` resets the flag.
+#[cfg(target_os = "linux")]
+fn not_dumpable() -> nix::Result<()> {
+    nix::sys::prctl::set_dumpable(false)
+}
+
+/// Elsewhere than Linux: nothing to do through this interface.
+#[cfg(not(target_os = "linux"))]
+fn not_dumpable() -> Result<(), std::convert::Infallible> {
+    Ok(())
+}
+
+/// Whether a node URL carries a password: `scheme://[user]:password@host...`.
+fn has_password(url: &str) -> bool {
+    let Some((_, rest)) = url.split_once("://") else {
+        return false;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+    authority
+        .rsplit_once('@')
+        .and_then(|(userinfo, _)| userinfo.split_once(':'))
+        .is_some_and(|(_, password)| !password.is_empty())
 }
 
 /// Prints the failure's one line (unless it was logged already) and returns its code.
@@ -105,4 +159,19 @@ fn usage_error(err: &clap::Error) -> ExitCode {
         line
     };
     fail(Failure::usage(format!("{line} (see --help)")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_password;
+
+    #[test]
+    fn a_password_in_a_node_url_is_seen() {
+        assert!(has_password("redis://:s3cret@10.0.0.1:6379"));
+        assert!(has_password("rediss://app:s3cret@host:6380/2"));
+        assert!(!has_password("redis://app@host:6379"));
+        assert!(!has_password("redis://host:6379/0"));
+        assert!(!has_password("redis://:@host:6379"));
+        assert!(!has_password("redis+unix:///run/redis.sock?db=1"));
+    }
 }

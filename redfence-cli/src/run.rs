@@ -78,7 +78,21 @@ pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
         )));
     }
     let redlock = redlock(common, args)?;
-    let held = Held::new(&redlock, args, &resources)?;
+    let outcome = run_with(&redlock, args, &resources, common.quiet).await;
+    // Whatever the outcome: what the attempts wrote and left to the background is undone
+    // before the process exits.
+    setup::close(&redlock, common.node_timeout).await;
+    outcome
+}
+
+/// [`run`] with its lock manager built: acquire (waiting as `--wait` says), run, release.
+async fn run_with(
+    redlock: &Redlock,
+    args: &RunArgs,
+    resources: &[String],
+    quiet: bool,
+) -> Result<u8, Failure> {
+    let held = Held::new(redlock, args, resources)?;
     let mut signals = Signals::catch()?;
     child::adopt_orphans();
     let wait = match (args.no_wait, args.wait) {
@@ -88,7 +102,7 @@ pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
     let deadline = Instant::now() + wait;
     // The default delays, for as long as `--wait` lasts (the deadline ends the loop).
     let mut delays = Backoff::DEFAULT.retries(u32::MAX).delays();
-    let mut waiting = Waiting::new(&resources, wait, common.quiet);
+    let mut waiting = Waiting::new(resources, wait, quiet);
     let spec = Spec {
         argv: args.command.clone(),
         shell: args.shell,
@@ -100,14 +114,14 @@ pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
         let scope = Scope {
             spec: &spec,
             args,
-            resources: &resources,
+            resources,
             signals: &mut signals,
             waiting: &mut waiting,
         };
         let outcome = match &held {
             Held::Lock => {
                 redlock
-                    .using(&resources, args.ttl, |signal| scope.supervise(signal))
+                    .using(resources, args.ttl, |signal| scope.supervise(signal))
                     .await
             }
             Held::Permit(semaphore) => {
@@ -143,7 +157,7 @@ pub async fn run(common: &Common, args: &RunArgs) -> Result<u8, Failure> {
         // A cold connection (the first call of a fresh process) can miss a short node
         // timeout: give failed nodes a few attempts even without --wait. Contention obeys
         // --wait alone.
-        let unreachable = !matches!(error, Error::Contended { .. });
+        let unreachable = !exit::held_elsewhere(&error);
         let few = unreachable && attempts < MIN_ATTEMPTS;
         // A counter that could not issue a token (the lock was released: fail closed) is
         // retried within --wait, as an unreachable node is: a slow batch, or a counter that
@@ -208,7 +222,7 @@ impl Held {
         };
         let refused = |error: Error| Failure::from_lock_error(&error, args.busy_exit_code);
         Ok(match args.permits {
-            Some(permits) => Held::Permit(redlock.semaphore(name, permits).map_err(refused)?),
+            Some(permits) => Held::Permit(setup::semaphore(redlock, name, permits)?),
             None if args.shared => Held::Read(redlock.rwlock(name).map_err(refused)?),
             None => Held::Write(redlock.rwlock(name).map_err(refused)?),
         })
@@ -242,12 +256,7 @@ fn redlock(common: &Common, args: &RunArgs) -> Result<Redlock, Failure> {
 /// it is logged at info level, so `-q` keeps it silent.
 fn not_acquired(error: &Error, busy: u8) -> Failure {
     let failure = Failure::from_lock_error(error, busy);
-    if failure.code == busy
-        && matches!(
-            error,
-            Error::Contended { .. } | Error::AcquireTimeout { .. }
-        )
-    {
+    if failure.code == busy && exit::held_elsewhere(error) {
         tracing::info!("busy, the command did not run: {error}");
         return Failure::new(failure.code, String::new());
     }
@@ -294,11 +303,11 @@ impl Scope<'_> {
                     if let Some(status) = job.exited() {
                         break status;
                     }
-                    // Nothing of the command may run past the lease: the grace is what is
-                    // left of it, when that is shorter than --kill-after; none at all when
-                    // the nodes said the lock is no longer ours (another holder may run:
-                    // the signal then reports no validity left).
-                    let grace = self.args.kill_after.min(signal.remaining());
+                    // Nothing of the command may run past the lease: the grace ends
+                    // `kill_margin` before it, when that is sooner than --kill-after; there is
+                    // none at all when the nodes said the lock is no longer ours (another
+                    // holder may run: the signal then reports no validity left).
+                    let grace = self.args.kill_after.min(before_the_end(&signal, self.args.ttl));
                     tracing::error!(
                         "{error}: stopping the command (SIGTERM, SIGKILL after {})",
                         humantime::format_duration(grace)
@@ -318,8 +327,12 @@ impl Scope<'_> {
             }
         };
         // What the command started and left running must not outlive the lock.
-        job.stop_the_rest(self.args.kill_after.min(signal.remaining()))
-            .await;
+        job.stop_the_rest(
+            self.args
+                .kill_after
+                .min(before_the_end(&signal, self.args.ttl)),
+        )
+        .await;
         drop(job);
         let code = child::exit_code(status);
         if let Some(min_hold) = self.args.min_hold {
@@ -359,6 +372,29 @@ async fn hold_until(until: Instant, signal: &Signal, signals: &mut Signals) {
     }
 }
 
+/// The drift factor of redfence's locks: the library's default, which `redfence` keeps.
+const DRIFT_FACTOR: f64 = 0.01;
+
+/// How long SIGKILL may take to land once it is due, beyond the drift: the stop sequence's
+/// timer firing late on a loaded machine, its walk of `/proc`, the kernel tearing the
+/// processes down.
+const SIGKILL_LEAD: Duration = Duration::from_millis(20);
+
+/// How long before the lock's validity ends the job gets SIGKILL (when the lock was lost or
+/// the hold ended): the drift bound of a lock of `ttl` (`ttl` x 1 % + 2 ms, as the validity's
+/// own) and [`SIGKILL_LEAD`]. The validity already leaves the drift out once; this keeps the
+/// kill clear of its end even when the local clock runs that much slow again and the kill is
+/// late: 122 ms for a 10 s TTL, 322 ms for the default 30 s.
+fn kill_margin(ttl: Duration) -> Duration {
+    ttl.mul_f64(DRIFT_FACTOR) + Duration::from_millis(2) + SIGKILL_LEAD
+}
+
+/// The longest grace the job may have now: until [`kill_margin`] before the lease ends (none
+/// once less is left).
+fn before_the_end(signal: &Signal, ttl: Duration) -> Duration {
+    signal.remaining().saturating_sub(kill_margin(ttl))
+}
+
 /// The semaphore slot a permit's signal holds: the number at the end of its one resource,
 /// `<name>:semaphore:slot:<i>`.
 fn slot_of(signal: &Signal) -> Option<u32> {
@@ -390,6 +426,18 @@ pub fn default_resource(words: &[impl AsRef<OsStr>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sigkill_comes_the_drift_and_a_lead_before_the_validity_ends() {
+        assert_eq!(
+            kill_margin(Duration::from_secs(10)),
+            Duration::from_millis(122)
+        );
+        assert_eq!(
+            kill_margin(Duration::from_secs(30)),
+            Duration::from_millis(322)
+        );
+    }
 
     #[test]
     fn the_default_resource_is_fnv1a_of_the_words() {

@@ -3,11 +3,15 @@
 
 use std::time::Duration;
 
-use redfence::{Inspection, KeyState, NodeReport, Redlock, RwHolder, RwInspection};
+use redfence::{
+    Inspection, KeyState, MAX_RESOURCE_BYTES, MAX_RESOURCES, NodeReport, Redlock, RwHolder,
+    RwInspection,
+};
 use serde_json::{Value, json};
 
 use crate::args::StatusArgs;
 use crate::exit::{self, Failure};
+use crate::setup;
 
 /// Prints the report (a table, or JSON); exits 69 when fewer than a majority answered.
 pub async fn status(redlock: &Redlock, args: &StatusArgs) -> Result<u8, Failure> {
@@ -37,10 +41,14 @@ pub async fn status(redlock: &Redlock, args: &StatusArgs) -> Result<u8, Failure>
         });
     }
     let report = match (args.permits, args.resources.as_slice()) {
-        (None, resources) => redlock.inspect(resources).await.map_err(lock_error)?,
+        (None, resources) => inspect(redlock, resources).await.map_err(lock_error)?,
         (Some(permits), [name]) => {
-            let semaphore = redlock.semaphore(name, permits).map_err(lock_error)?;
-            semaphore.inspect().await.map_err(lock_error)?
+            // Checked as `run -n` checks it, then each slot read: what `run` accepts, this
+            // shows (a semaphore's slots together may be more than one lock's names).
+            let semaphore = setup::semaphore(redlock, name, permits)?;
+            inspect(redlock, semaphore.slots())
+                .await
+                .map_err(lock_error)?
         }
         (Some(_), _) => {
             return Err(Failure::usage(
@@ -54,6 +62,49 @@ pub async fn status(redlock: &Redlock, args: &StatusArgs) -> Result<u8, Failure>
         print!("{}", table(&report));
     }
     Ok(answered_code(&report))
+}
+
+/// [`Redlock::inspect`] over `resources`, in as many calls as the limits of one call take
+/// ([`MAX_RESOURCES`] names, [`MAX_RESOURCE_BYTES`] bytes of names: a lock's), one report.
+/// A node that failed any of the calls is reported failed.
+async fn inspect(redlock: &Redlock, resources: &[String]) -> Result<Inspection, redfence::Error> {
+    let mut parts = parts(resources).into_iter();
+    let first = parts.next().unwrap_or(resources);
+    let mut report = redlock.inspect(first).await?;
+    for part in parts {
+        let more = redlock.inspect(part).await?;
+        report.resources.extend(more.resources);
+        report.keys.extend(more.keys);
+        for (node, theirs) in report.nodes.iter_mut().zip(more.nodes) {
+            match (&mut node.keys, theirs.keys) {
+                (Ok(keys), Ok(more)) => keys.extend(more),
+                (Ok(_), Err(failure)) => node.keys = Err(failure),
+                (Err(_), _) => {}
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// `resources` cut, in order, into runs that one [`Redlock::inspect`] call takes: at most
+/// [`MAX_RESOURCES`] names and [`MAX_RESOURCE_BYTES`] bytes of names each (a name over
+/// [`MAX_RESOURCE_LEN`] gets a run of its own, for `inspect` to refuse).
+fn parts(resources: &[String]) -> Vec<&[String]> {
+    let mut parts = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, name) in resources.iter().enumerate() {
+        let full = i - start == MAX_RESOURCES || bytes + name.len() > MAX_RESOURCE_BYTES;
+        if full && i > start {
+            parts.push(&resources[start..i]);
+            start = i;
+            bytes = 0;
+        }
+        bytes += name.len();
+    }
+    if start < resources.len() || resources.is_empty() {
+        parts.push(&resources[start..]);
+    }
+    parts
 }
 
 /// 0 when a majority answered, else 69 (the report may be missing the holder).
@@ -251,4 +302,43 @@ pub fn rw_json(report: &RwInspection, quorum: usize) -> Value {
         "writer_waiting": report.writer_waiting(),
         "nodes": nodes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redfence::MAX_RESOURCE_LEN;
+
+    fn lens(parts: &[&[String]]) -> Vec<usize> {
+        parts.iter().map(|part| part.len()).collect()
+    }
+
+    #[test]
+    fn names_are_cut_into_calls_that_inspect_takes() {
+        let few: Vec<String> = vec!["a".into(), "b".into()];
+        assert_eq!(lens(&parts(&few)), [2]);
+        assert_eq!(lens(&parts(&[])), [0], "one (refused) call for no name");
+        // 200 slots of a 60 KB semaphore: 17 to a call (17 x 60 KB < 1 MiB < 18 x 60 KB).
+        let slots: Vec<String> = (0..200)
+            .map(|i| format!("{}:semaphore:slot:{i}", "x".repeat(60_000)))
+            .collect();
+        let cut = parts(&slots);
+        assert!(
+            cut.iter()
+                .all(|part| { part.iter().map(String::len).sum::<usize>() <= MAX_RESOURCE_BYTES })
+        );
+        assert_eq!(cut.iter().map(|part| part.len()).sum::<usize>(), 200);
+        assert_eq!(cut[0].len(), 17);
+        // Many short names: MAX_RESOURCES to a call.
+        let many: Vec<String> = (0..2_500).map(|i| i.to_string()).collect();
+        assert_eq!(lens(&parts(&many)), [MAX_RESOURCES, MAX_RESOURCES, 500]);
+        // A name too long for any call goes alone (inspect refuses it and says why).
+        let long = vec![
+            "a".to_string(),
+            "y".repeat(MAX_RESOURCE_BYTES + 1),
+            "b".into(),
+        ];
+        assert_eq!(lens(&parts(&long)), [1, 1, 1]);
+        assert!(long[1].len() > MAX_RESOURCE_LEN);
+    }
 }

@@ -31,7 +31,7 @@ impl Waiting {
     /// After a failed attempt that will be retried.
     pub fn update(&mut self, error: &Error) {
         let reason = match error {
-            Error::Contended { .. } => "held by another owner",
+            _ if crate::exit::held_elsewhere(error) => "held by another owner",
             Error::QuorumUnreachable { .. } => "too few nodes answered",
             _ => "not granted",
         };

@@ -131,18 +131,27 @@ pub(crate) async fn acquire_round(
     // with the node timeout) and spare a release where a node refused.
     let tally = round.finish(nodes, req.op).await;
     tally.trace();
-    // A node that refused wrote nothing: no release there. One that failed or timed out may
-    // have taken the write: released in the background, queued now behind its acquire
+    // A node that refused wrote nothing: no release there. Every node that answered
+    // otherwise is waited for, so that nothing is left there when this returns (a process
+    // may exit next, and a task left to a current-thread runtime runs only while it is in
+    // `block_on`): those that granted, and those whose grant did not count (a restarted
+    // node in quarantine wrote its key all the same) or that answered with an error. One
+    // that did not answer (timed out, unreachable, its queue full) may have taken the write
+    // too: its release is queued now, behind its acquire, and waited for in the background
     // (`close` waits for it), since waiting for a node that just timed out could cost the
-    // attempt another node timeout. The nodes that granted are waited for, so that nothing
-    // is left there when this returns (a process may exit next).
+    // attempt another node timeout.
     let release = failed_attempt_release(req);
-    let failed_on = |index: usize| tally.errors.iter().any(|e| e.index == index);
-    if !tally.errors.is_empty() {
-        tasks.spawn(calls_to(nodes, &release, failed_on).drain());
+    let unanswered_on = |index: usize| {
+        tally
+            .errors
+            .iter()
+            .any(|e| e.index == index && !answered(&e.failure))
+    };
+    if tally.errors.iter().any(|e| !answered(&e.failure)) {
+        tasks.spawn(calls_to(nodes, &release, unanswered_on).drain());
     }
-    let granted_on = |index: usize| !failed_on(index) && !tally.refused_by.contains(&index);
-    calls_to(nodes, &release, granted_on).drain().await;
+    let answered_on = |index: usize| !unanswered_on(index) && !tally.refused_by.contains(&index);
+    calls_to(nodes, &release, answered_on).drain().await;
     Err(if reached {
         Failed::Other(Error::NoValidity {
             ttl,
@@ -152,6 +161,20 @@ pub(crate) async fn acquire_round(
     } else {
         tally.acquire_failure()
     })
+}
+
+/// Whether a node whose call failed with `failure` answered it: its grant did not count
+/// (restart quarantine), or it replied with an error. Its release is then as quick as its
+/// answer was, and worth waiting for.
+fn answered(failure: &NodeFailure) -> bool {
+    match failure {
+        NodeFailure::Quarantined { .. } | NodeFailure::Reply(_) | NodeFailure::Permission(_) => {
+            true
+        }
+        NodeFailure::Timeout(_) | NodeFailure::Connection(_) | NodeFailure::Overloaded { .. } => {
+            false
+        }
+    }
 }
 
 /// The release that undoes a failed attempt's acquire. It keeps the attempt's place in any

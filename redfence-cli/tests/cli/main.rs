@@ -4,7 +4,9 @@
 //! and those that left its group or session (`descendants.rs`); the job's environment
 //! (`environment.rs`); a fencing counter that fails once (`fencing.rs`); a terminal's
 //! foreground (`terminal.rs`); `-n K`, a semaphore's permits (`semaphore.rs`); `--shared` /
-//! `--exclusive`, a read-write lock (`rwlock.rs`).
+//! `--exclusive`, a read-write lock (`rwlock.rs`); nothing a refused run wrote outlives it,
+//! and a refusal during the restart quarantine is busy (`left_behind.rs`); SIGKILL before
+//! a lost lock's validity ends (`lost.rs`).
 //!
 //! The servers come from the workspace's harness, `redfence-testkit` (`testkit/`).
 
@@ -14,6 +16,8 @@ mod environment;
 mod exit_codes;
 mod fencing;
 mod hold;
+mod left_behind;
+mod lost;
 mod processes;
 mod rwlock;
 mod semaphore;
@@ -48,6 +52,7 @@ fn redfence_at(nodes: &str) -> Command {
         .env("REDFENCE_NODE_TIMEOUT", "200ms")
         .env_remove("RUST_LOG")
         .env_remove("REDFENCE_FENCING")
+        .env_remove("REDFENCE_NODES_FILE")
         .env_remove("REDFENCE_KEY_PREFIX")
         .stdin(Stdio::null());
     command

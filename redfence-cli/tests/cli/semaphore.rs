@@ -140,3 +140,60 @@ fn status_shows_a_semaphores_slots() {
     let usage = status(&["-n", "3", "pool", "other"]);
     assert_eq!(usage.status.code(), Some(super::USAGE), "{usage:?}");
 }
+
+/// Issue 38: `status -n 200` shows a semaphore whose 60 KB name `run -n 200` accepted (its
+/// 200 slot names, 12 MB, are more than one call's names: it exited 64, "one lock's names");
+/// a name too long for its slots is refused by both alike, saying how long it may be.
+#[test]
+fn status_shows_what_run_accepts() {
+    let servers = Servers::start(3);
+    let name = "x".repeat(60_000);
+    let ran = super::redfence(&servers)
+        .args(["run", "-n", "200", "-r", &name, "--", "true"])
+        .output()
+        .expect("run redfence");
+    assert_eq!(ran.status.code(), Some(0), "run -n 200 with a 60 KB name");
+    let slot = format!("{name}:semaphore:slot:150");
+    for i in [0, 1] {
+        let _: () = servers.cmd(i, &["SET", &slot, "fedcba9876543210", "PX", "20000"]);
+    }
+    let out = super::redfence(&servers)
+        .args(["status", "--json", "-n", "200", &name])
+        .output()
+        .expect("run redfence status");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let free: Vec<bool> = report["resources"]
+        .as_array()
+        .expect("resources")
+        .iter()
+        .map(|r| r["free"].as_bool().expect("free"))
+        .collect();
+    assert_eq!(free.len(), 200);
+    let held: Vec<usize> = (0..200).filter(|&i| !free[i]).collect();
+    assert_eq!(held, [150], "the one slot held");
+
+    let too_long = "x".repeat(65_530);
+    for args in [
+        &["run", "-n", "200", "-r", &too_long, "--", "true"][..],
+        &["status", "-n", "200", &too_long],
+    ] {
+        let out = super::redfence(&servers)
+            .args(args)
+            .output()
+            .expect("run redfence");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(super::USAGE),
+            "{}",
+            &stderr[..200.min(stderr.len())]
+        );
+        assert!(
+            stderr.contains("may have at most 65517"),
+            "{}: says how long the name may be",
+            args[0]
+        );
+    }
+}

@@ -257,3 +257,102 @@ async fn a_release_of_a_failed_attempt_skips_the_nodes_that_refused_and_waits_fo
         assert_eq!(refused.calls(), [Op::Acquire]);
     }
 }
+
+/// A node that restarted recently (its grants do not count: restart quarantine) and answers
+/// releases after `RELEASE_DELAY`; it counts the releases it has answered, as a node's queue
+/// answers one only once the server ran it.
+struct Restarted {
+    fake: crate::node::fake::FakeNode,
+    released: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+const RELEASE_DELAY: Duration = Duration::from_millis(5);
+
+impl Restarted {
+    fn new() -> Arc<Restarted> {
+        let fake = crate::node::fake::FakeNode::new(Fake::Grant);
+        fake.set(Op::Release, Fake::Slow(RELEASE_DELAY));
+        Arc::new(Restarted {
+            fake,
+            released: Arc::default(),
+        })
+    }
+
+    fn released(&self) -> usize {
+        self.released.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Node for Restarted {
+    fn call(&self, req: &Request) -> NodeCall {
+        let call = self.fake.call(req);
+        let released = Arc::clone(&self.released);
+        let op = req.op;
+        NodeCall::boxed(async move {
+            let reply = call.await;
+            if op == Op::Release {
+                released.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            reply
+        })
+    }
+
+    fn advise(
+        &self,
+        advisory: crate::node::Advisory,
+    ) -> futures::future::BoxFuture<'static, Result<crate::node::Advice, NodeFailure>> {
+        self.fake.advise(advisory)
+    }
+
+    fn addr(&self) -> &str {
+        "restarted"
+    }
+
+    fn quarantined(&self) -> Option<Duration> {
+        Some(Duration::from_secs(60))
+    }
+}
+
+/// Issue 38: a holder on node 0, nodes 1 and 2 restarted (quarantined): they grant, their
+/// grants do not count, the attempt fails. Their keys are released before the attempt
+/// returns, on a current-thread runtime, with nobody waiting for the background tasks (as a
+/// process that exits next): those nodes answered, so their releases are as quick as their
+/// answers were. (They were left to a background task, which a current-thread runtime runs
+/// only while it is in `block_on`: `redfence run` exited, and nodes 1 and 2 kept the key for
+/// its whole TTL.)
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_failed_attempt_waits_for_its_releases_on_the_quarantined_nodes() {
+    let holder = Arc::new(crate::node::fake::FakeNode::new(Fake::Deny));
+    let restarted = [Restarted::new(), Restarted::new()];
+    let nodes: Vec<Arc<dyn Node>> = vec![
+        holder,
+        Arc::clone(&restarted[0]) as Arc<dyn Node>,
+        Arc::clone(&restarted[1]) as Arc<dyn Node>,
+    ];
+    let tasks = TaskTracker::new();
+    let ttl = Duration::from_secs(60);
+    let err = acquire_round(&nodes, &request(), ttl, 0.01, &tasks)
+        .await
+        .expect_err("two quarantined grants are no votes");
+    match err.into_error(&["k".to_string()], 1) {
+        Error::QuorumUnreachable { errors, denied, .. } => {
+            assert_eq!(denied, 1);
+            assert!(
+                errors
+                    .iter()
+                    .all(|e| matches!(e.failure, NodeFailure::Quarantined { .. })),
+                "{errors:?}"
+            );
+        }
+        other => panic!("expected QuorumUnreachable, got {other:?}"),
+    }
+    for (i, node) in restarted.iter().enumerate() {
+        assert_eq!(node.fake.calls(), [Op::Acquire, Op::Release]);
+        assert_eq!(
+            node.released(),
+            1,
+            "restarted node {i}: the release was not answered when the attempt returned"
+        );
+    }
+    assert!(tasks.is_empty(), "nothing left to the background");
+}

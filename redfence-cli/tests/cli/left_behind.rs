@@ -1,0 +1,135 @@
+//! Nothing a run wrote outlives it, and a refusal during the restart quarantine says "busy"
+//! (issue 38: each test failed before its fix).
+
+use std::time::Duration;
+
+use redfence_testkit::Servers;
+use redfence_testkit::proxy::{Mode, Proxy};
+
+use super::{BUSY, Files, UNAVAILABLE, redfence, redfence_at, wait_for};
+
+/// Far longer than [`redfence_testkit::DEADLINE`]: a key found gone within the deadline was
+/// released, not expired.
+const TTL: &str = "60s";
+
+/// The servers just started, so `--restart-quarantine 60s` quarantines each one at first
+/// contact: its grant does not count. Another owner holds `nc` on node 0.
+fn a_holder_on_node_0_and_the_others_quarantined() -> Servers {
+    let servers = Servers::start(3);
+    let _: () = servers.cmd(0, &["SET", "nc", "another-owner", "PX", "60000"]);
+    servers
+}
+
+/// `redfence --restart-quarantine 60s run -r nc --ttl 60s -- touch ran`.
+fn run_nc(servers: &Servers, files: &Files) -> std::process::Output {
+    redfence(servers)
+        .args([
+            "--restart-quarantine",
+            "60s",
+            "run",
+            "-r",
+            "nc",
+            "--ttl",
+            TTL,
+        ])
+        .args(["--", "touch", &files.p("ran")])
+        .output()
+        .expect("run redfence")
+}
+
+/// Nodes 1 and 2 grant the run, but their grants do not count: the run is refused, and the
+/// keys it wrote there are gone once it has exited (they stayed for the whole TTL: the
+/// release was left to a task that the process never ran).
+#[test]
+fn a_run_refused_during_the_quarantine_leaves_no_key_behind() {
+    let servers = a_holder_on_node_0_and_the_others_quarantined();
+    let files = Files::new();
+    let out = run_nc(&servers, &files);
+    assert_ne!(out.status.code(), Some(0), "{out:?}");
+    assert!(!files.path("ran").exists(), "the command ran");
+    wait_for("no key of the refused run on nodes 1 and 2", || {
+        servers.get(1, "nc").is_none() && servers.get(2, "nc").is_none()
+    });
+    assert_eq!(
+        servers.get(0, "nc").as_deref(),
+        Some("another-owner"),
+        "the holder's key is untouched"
+    );
+    // And the next run is refused for the same reason, not by the first one's keys.
+    let again = run_nc(&servers, &files);
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(stderr.contains("1 refused"), "{stderr}");
+}
+
+/// The same refusal is "busy" (75): a holder refused, and the other nodes are quarantined,
+/// which they are because they may have forgotten that holder's key. (It exited 69,
+/// "unreachable".) With nobody holding it, the quarantine alone is "unreachable".
+#[test]
+fn a_run_refused_by_a_holder_during_the_quarantine_is_busy() {
+    let servers = a_holder_on_node_0_and_the_others_quarantined();
+    let files = Files::new();
+    let out = run_nc(&servers, &files);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(BUSY), "{stderr}");
+    assert!(stderr.contains("quarantined"), "says why: {stderr}");
+    assert!(!files.path("ran").exists(), "the command ran");
+
+    let _: () = servers.cmd(0, &["DEL", "nc"]);
+    let free = run_nc(&servers, &files);
+    assert_eq!(
+        free.status.code(),
+        Some(UNAVAILABLE),
+        "no holder, every node quarantined: {free:?}"
+    );
+    assert!(!files.path("ran").exists(), "the command ran");
+}
+
+/// Proxies delaying every byte by `delay` each way in front of some servers, served by a
+/// runtime on a thread of its own (they live as long as the test process).
+fn slow(urls: &[String], delay: Duration) -> Vec<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let urls = urls.to_vec();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("proxy runtime");
+        runtime.block_on(async move {
+            let proxies = Proxy::in_front_of_each(&urls, Mode::Delay(delay)).await;
+            let _ = tx.send(proxies.iter().map(Proxy::url).collect::<Vec<_>>());
+            std::future::pending::<()>().await;
+        });
+    });
+    rx.recv().expect("proxy URLs")
+}
+
+/// `-n 4` over three nodes, two of them slower than the node timeout: every slot's try
+/// fails (node 0 alone grants), and the acquires that land late on the slow nodes are
+/// released before the process exits. (They were queued for the node and never sent: K-1
+/// permits stayed taken for their whole TTL.)
+#[test]
+fn a_refused_semaphore_run_on_slow_nodes_leaves_no_permit_behind() {
+    let servers = Servers::start(3);
+    let files = Files::new();
+    let urls = servers.urls();
+    let mut nodes = vec![urls[0].clone()];
+    nodes.extend(slow(&urls[1..], Duration::from_millis(150)));
+    let out = redfence_at(&nodes.join(","))
+        .env("REDFENCE_NODE_TIMEOUT", "100ms")
+        .args(["run", "-n", "4", "-r", "pool", "--ttl", TTL])
+        .args(["--", "touch", &files.p("ran")])
+        .output()
+        .expect("run redfence");
+    assert_eq!(out.status.code(), Some(UNAVAILABLE), "{out:?}");
+    assert!(!files.path("ran").exists(), "the command ran");
+    let slots = |i: usize| -> Vec<String> {
+        servers
+            .keys(i)
+            .into_iter()
+            .filter(|key| key.contains(":semaphore:slot:"))
+            .collect()
+    };
+    wait_for("no slot taken on any node", || {
+        (0..3).all(|i| slots(i).is_empty())
+    });
+}
