@@ -44,7 +44,7 @@ pub(crate) async fn acquire(
     let deadline = config.acquire_timeout.and_then(|t| started.checked_add(t));
     let mut delays = config.backoff.delays();
     let mut attempts: u32 = 0;
-    let place = Place::take(shared, target);
+    let place = Place::take(shared, target)?;
     let in_line = clock::now();
     let (turn, waited_in_line) =
         line_up(shared, &target.keys, &mut delays, deadline, started).await?;
@@ -205,7 +205,7 @@ pub(crate) async fn try_once(
     shared.check_open()?;
     trace::attempts(1);
     tries.attempts = 1;
-    let place = Place::take(shared, target);
+    let place = Place::take(shared, target)?;
     attempt(shared, target, place.ticket())
         .await
         .map(|acquired| place.granted(acquired))
@@ -229,9 +229,19 @@ struct Place {
 }
 
 impl Place {
-    fn take(shared: &Arc<Shared>, target: &Target) -> Place {
+    /// The place of an acquisition of `target` (none outside fair mode).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Entropy`] when no waiter id can be made.
+    fn take(shared: &Arc<Shared>, target: &Target) -> Result<Place, Error> {
         let config = &shared.config;
-        let ticket = target.fair.then(|| {
+        let waiter = if target.fair {
+            Some(new_token()?)
+        } else {
+            None
+        };
+        let ticket = waiter.map(|waiter| {
             let lease = config
                 .backoff
                 .longest_delay()
@@ -244,16 +254,16 @@ impl Place {
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default();
             Arc::new(QueueTicket {
-                waiter: new_token(),
+                waiter,
                 ticket: u64::try_from(since_epoch.as_micros()).unwrap_or(u64::MAX),
                 lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
             })
         });
-        Place {
+        Ok(Place {
             ticket,
             shared: Arc::clone(shared),
             keys: Arc::clone(&target.keys),
-        }
+        })
     }
 
     fn ticket(&self) -> Option<&Arc<QueueTicket>> {
@@ -338,7 +348,7 @@ async fn attempt_as(
     let held = Held {
         shared: Arc::clone(shared),
         target: target.clone(),
-        token: new_token(),
+        token: new_token().map_err(Failed::Other)?,
         hold: None,
         queue: None,
         rw,
@@ -428,18 +438,14 @@ async fn fence(
 /// child, or a VM restored twice from one snapshot, could mint its twin's tokens and release
 /// or extend its locks. One system call per token.
 ///
-/// # Panics
+/// # Errors
 ///
-/// When the operating system's generator fails, which it does not on a working system
-/// (Linux's `getrandom(2)` blocks until it is seeded and is retried on `EINTR`; without it,
-/// `/dev/urandom` is read): only a sandbox that denies both can make it fail. No lock can be
-/// told apart from another's then, and [`Error`] has no variant for it; the thread generator
-/// this replaces, and `uuid`'s identities for elections, panic there as well.
-pub(crate) fn new_token() -> Arc<str> {
-    match os_token() {
-        Ok(token) => token,
-        Err(err) => panic!("the operating system's random generator failed: {err}"),
-    }
+/// [`Error::Entropy`] when the operating system's generator fails, which it does not on a
+/// working system (Linux's `getrandom(2)` blocks until it is seeded and is retried on
+/// `EINTR`; without it, `/dev/urandom` is read): only a sandbox that denies both can make it
+/// fail, and no lock could be told apart from another's then.
+pub(crate) fn new_token() -> Result<Arc<str>, Error> {
+    os_token().map_err(|err| Error::Entropy(Arc::new(std::io::Error::other(err))))
 }
 
 /// [`new_token`], or why the operating system's generator could not give one.
@@ -456,8 +462,8 @@ mod tests {
 
     #[test]
     fn tokens_are_fresh_128_bit_hex() {
-        let a = new_token();
-        let b = new_token();
+        let a = new_token().expect("a token");
+        let b = new_token().expect("a token");
         assert_eq!(a.len(), 32);
         assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(a, b);

@@ -46,8 +46,9 @@ pub struct Common {
           value_parser = duration, global = true)]
     pub node_timeout: Duration,
 
-    /// How long a restarted Redis server does not count toward a majority, also when first met
-    /// young (0s: off; default: 60s, for restarts seen while connected only)
+    /// How long a Redis server that lost memory (restarted, flushed, failed over, evicted keys,
+    /// clock stepped) does not count toward a majority, for every run (0s: off; default: 60s,
+    /// or --ttl if longer, plus --lock-delay)
     #[arg(long, env = "REDFENCE_RESTART_QUARANTINE", value_parser = duration,
           value_name = "DURATION", global = true)]
     pub restart_quarantine: Option<Duration>,

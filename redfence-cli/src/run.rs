@@ -229,9 +229,18 @@ impl Held {
     }
 }
 
+/// The library's default restart quarantine, before the lock-delay.
+const DEFAULT_RESTART_QUARANTINE: Duration = Duration::from_secs(60);
+
 /// The lock manager for `run`: one attempt per `using()` call, `--max-hold`, `--fencing`.
 fn redlock(common: &Common, args: &RunArgs) -> Result<Redlock, Failure> {
     let mut builder = setup::builder(common)?.retry_count(0);
+    // The library's default quarantine (60 s plus the lock-delay) must cover this run's TTL
+    // too, whatever other runs use.
+    if common.restart_quarantine.is_none() {
+        builder = builder
+            .restart_quarantine(DEFAULT_RESTART_QUARANTINE.max(args.ttl) + common.lock_delay);
+    }
     // A writer waits inside one `using_write()` call, for all of --wait: its waiting mark
     // then stays on the nodes and holds new readers back (retried call by call, each call's
     // mark would be taken away at its end, and a stream of readers could keep it out).

@@ -10,6 +10,7 @@ mod lost;
 mod node;
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use fencing::{BoxError, FencingError};
@@ -151,6 +152,11 @@ pub enum Error {
         /// The number the nodes store (from the first client that set it).
         stored: String,
     },
+
+    /// The operating system's random generator failed, so no owner token could be made (a
+    /// sandbox that denies `getrandom(2)` and `/dev/urandom`). Nothing was sent.
+    #[error("the operating system's random generator failed: no owner token could be made")]
+    Entropy(#[source] Arc<std::io::Error>),
 }
 
 impl Error {
@@ -173,7 +179,7 @@ impl Error {
 
     /// A short, stable label for this kind of failure, for metrics and trace fields:
     /// `contended`, `unreachable`, `no_validity`, `timeout`, `lost`, `renewal_limit`,
-    /// `fencing`, `invalid`, `config`, `closed`, `semaphore_size`.
+    /// `fencing`, `invalid`, `config`, `closed`, `semaphore_size`, `entropy`.
     pub(crate) fn label(&self) -> &'static str {
         match self {
             Error::InvalidInput(_) => "invalid",
@@ -188,6 +194,7 @@ impl Error {
             Error::RenewalLimit { .. } => "renewal_limit",
             Error::Fencing(_) => "fencing",
             Error::SemaphoreSize { .. } => "semaphore_size",
+            Error::Entropy(_) => "entropy",
         }
     }
 }

@@ -89,7 +89,7 @@ impl RwLock {
         let rw = Arc::new(RwOp {
             mode,
             waiter: if mode == RwMode::Write {
-                new_token()
+                new_token()?
             } else {
                 Arc::from("")
             },

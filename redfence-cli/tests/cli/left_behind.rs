@@ -6,59 +6,78 @@ use std::time::Duration;
 use redfence_testkit::Servers;
 use redfence_testkit::proxy::{Mode, Proxy};
 
-use super::{BUSY, Files, UNAVAILABLE, redfence, redfence_at, wait_for};
+use std::process::Child;
+
+use super::{
+    BUSY, Files, UNAVAILABLE, redfence, redfence_at, send_signal, spawn_run, wait_exit, wait_for,
+};
 
 /// Far longer than [`redfence_testkit::DEADLINE`]: a key found gone within the deadline was
 /// released, not expired.
 const TTL: &str = "60s";
 
-/// The servers just started, so `--restart-quarantine 60s` quarantines each one at first
-/// contact: its grant does not count. Another owner holds `nc` on node 0.
-fn a_holder_on_node_0_and_the_others_quarantined() -> Servers {
-    let servers = Servers::start(3);
-    let _: () = servers.cmd(0, &["SET", "nc", "another-owner", "PX", "60000"]);
-    servers
+/// The issue's setup: a holder (`redfence run -r nc --ttl 60s -- sleep 60`, default settings)
+/// holds `nc` on all three servers, which remember each other's memory markers; then servers
+/// 1 and 2 restart without persistence. Returns the holder, still running.
+fn a_holder_then_nodes_1_and_2_restarted(servers: &mut Servers) -> Child {
+    let holder = spawn_run(servers, &["-r", "nc", "--ttl", TTL], "sleep 60");
+    wait_for("the holder's key on every node", || {
+        (0..3).all(|i| servers.get(i, "nc").is_some())
+    });
+    let roster = |on: usize, of: usize| {
+        let key = format!("redfence:roster:127.0.0.1:{}/0", servers.port(of));
+        servers.get(on, &key).is_some()
+    };
+    wait_for("every roster names the other servers' markers", || {
+        (0..3).all(|on| (0..3).filter(|&of| of != on).all(|of| roster(on, of)))
+    });
+    servers.restart(1);
+    servers.restart(2);
+    holder
 }
 
-/// `redfence --restart-quarantine 60s run -r nc --ttl 60s -- touch ran`.
+/// Stops the holder (SIGTERM: its job stops and its lock is released where it still is).
+fn stop(mut holder: Child) {
+    send_signal(&holder, "-TERM");
+    wait_exit(&mut holder);
+}
+
+/// `redfence run -r nc --ttl 60s -- touch ran`, default settings (a fresh process).
 fn run_nc(servers: &Servers, files: &Files) -> std::process::Output {
     redfence(servers)
-        .args([
-            "--restart-quarantine",
-            "60s",
-            "run",
-            "-r",
-            "nc",
-            "--ttl",
-            TTL,
-        ])
+        .args(["run", "-r", "nc", "--ttl", TTL])
         .args(["--", "touch", &files.p("ran")])
         .output()
         .expect("run redfence")
 }
 
-/// Nodes 1 and 2 grant the run, but their grants do not count: the run is refused, and the
-/// keys it wrote there are gone once it has exited (they stayed for the whole TTL: the
-/// release was left to a task that the process never ran).
+/// The issue's first finding, by the command: after nodes 1 and 2 restarted, a fresh run ran
+/// while the holder still held (they forgot its key). Now their grants do not count: the run
+/// is refused, and the keys it wrote there are gone once it has exited (they stayed for the
+/// whole TTL: the release was left to a task that the process never ran).
 #[test]
 fn a_run_refused_during_the_quarantine_leaves_no_key_behind() {
-    let servers = a_holder_on_node_0_and_the_others_quarantined();
+    let mut servers = Servers::start(3);
+    let holder = a_holder_then_nodes_1_and_2_restarted(&mut servers);
     let files = Files::new();
     let out = run_nc(&servers, &files);
     assert_ne!(out.status.code(), Some(0), "{out:?}");
-    assert!(!files.path("ran").exists(), "the command ran");
+    assert!(
+        !files.path("ran").exists(),
+        "the command ran beside the holder"
+    );
     wait_for("no key of the refused run on nodes 1 and 2", || {
         servers.get(1, "nc").is_none() && servers.get(2, "nc").is_none()
     });
-    assert_eq!(
-        servers.get(0, "nc").as_deref(),
-        Some("another-owner"),
-        "the holder's key is untouched"
-    );
     // And the next run is refused for the same reason, not by the first one's keys.
     let again = run_nc(&servers, &files);
     let stderr = String::from_utf8_lossy(&again.stderr);
     assert!(stderr.contains("1 refused"), "{stderr}");
+    assert!(
+        !files.path("ran").exists(),
+        "the command ran beside the holder"
+    );
+    stop(holder);
 }
 
 /// The same refusal is "busy" (75): a holder refused, and the other nodes are quarantined,
@@ -66,7 +85,8 @@ fn a_run_refused_during_the_quarantine_leaves_no_key_behind() {
 /// "unreachable".) With nobody holding it, the quarantine alone is "unreachable".
 #[test]
 fn a_run_refused_by_a_holder_during_the_quarantine_is_busy() {
-    let servers = a_holder_on_node_0_and_the_others_quarantined();
+    let mut servers = Servers::start(3);
+    let holder = a_holder_then_nodes_1_and_2_restarted(&mut servers);
     let files = Files::new();
     let out = run_nc(&servers, &files);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -74,12 +94,15 @@ fn a_run_refused_by_a_holder_during_the_quarantine_is_busy() {
     assert!(stderr.contains("quarantined"), "says why: {stderr}");
     assert!(!files.path("ran").exists(), "the command ran");
 
-    let _: () = servers.cmd(0, &["DEL", "nc"]);
+    stop(holder);
+    wait_for("the holder's key released", || {
+        servers.get(0, "nc").is_none()
+    });
     let free = run_nc(&servers, &files);
     assert_eq!(
         free.status.code(),
         Some(UNAVAILABLE),
-        "no holder, every node quarantined: {free:?}"
+        "no holder, nodes 1 and 2 quarantined: {free:?}"
     );
     assert!(!files.path("ran").exists(), "the command ran");
 }

@@ -308,8 +308,8 @@ impl Node for Restarted {
         "restarted"
     }
 
-    fn quarantined(&self) -> Option<Duration> {
-        Some(Duration::from_secs(60))
+    fn standing(&self) -> crate::memory::Standing {
+        crate::memory::Standing::Quarantined(Duration::from_secs(60))
     }
 }
 
