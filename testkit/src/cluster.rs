@@ -33,6 +33,14 @@ pub trait Cluster {
     /// A blocking connection to node `i` for inspection (not through any fault).
     fn conn(&self, i: usize) -> redis::RedisResult<redis::Connection>;
 
+    /// Empties node `i` (`FLUSHALL`): it forgets every lock, as after a restart without
+    /// persistence, but keeps running (same `run_id`, same connections).
+    fn flush(&self, i: usize) {
+        if let Ok(mut conn) = self.conn(i) {
+            let _: redis::RedisResult<()> = redis::cmd("FLUSHALL").query(&mut conn);
+        }
+    }
+
     /// The value at `key` on node `i` (`None` also when the node cannot be inspected).
     fn get(&self, i: usize, key: &str) -> Option<String> {
         let mut conn = self.conn(i).ok()?;

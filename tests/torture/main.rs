@@ -1,11 +1,15 @@
 //! The torture run: K workers × M resources for a bounded time, using `using()` with fencing
 //! and writing to a fenced store several times per acquisition, while a fault schedule kills,
-//! pauses and cuts off random minority nodes, restarts nodes without persistence (one, or now
-//! and then a majority one after another: no overlap of leases is excused there, the workers'
-//! restart quarantine must prevent it), makes node clocks run fast or jump
-//! forward (on a minority most of the time, now and then on a majority), and freezes random
-//! workers inside their critical sections for longer than their TTL. A checker then verifies
-//! the recorded history.
+//! pauses and cuts off random minority nodes, restarts nodes without persistence or flushes
+//! them (`FLUSHALL`; one, or now and then a majority one after another: no overlap of leases
+//! is excused there, the restart quarantine must prevent it), makes node clocks run fast or
+//! jump forward (on a minority most of the time, now and then on a majority), and freezes
+//! random workers inside their critical sections for longer than their TTL. A checker then
+//! verifies the recorded history.
+//!
+//! The workers run with the **default** restart quarantine, but for a quarter of them (3 s,
+//! so that the cluster does not sit out every 60 s quarantine), and another quarter are fresh
+//! processes: a new `Redlock` for every acquisition, which saw no restart happen.
 //!
 //! Every worker runs on its own OS thread with its own single-threaded runtime, so a frozen
 //! worker is frozen whole — its extension task included — like a process in a GC pause. Half the
@@ -48,8 +52,21 @@ const CLOCK_MAJORITY_EVERY: u32 = 4;
 /// Every this many restarts, a majority of the nodes restarts, one after another (the second
 /// one first); the others restart one node.
 const RESTART_MAJORITY_EVERY: u32 = 3;
-/// The workers' restart quarantine: longer than any lease they hold (the TTL, renewed).
+/// The restart quarantine of the workers that set one (the others use the default, 60 s):
+/// longer than any lease they hold (the TTL, renewed).
 pub(crate) const RESTART_QUARANTINE: Duration = Duration::from_secs(3);
+
+/// How a worker makes its `Redlock`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Client {
+    /// One `Redlock` for the whole run, with the default restart quarantine.
+    Default,
+    /// One `Redlock` for the whole run, with [`RESTART_QUARANTINE`].
+    ShortQuarantine,
+    /// A new `Redlock` (default settings) for every acquisition, closed after it: a process
+    /// started after whatever faults came before.
+    Fresh,
+}
 
 fn run_time() -> Duration {
     let secs = std::env::var("TORTURE_SECS")
@@ -62,6 +79,8 @@ fn run_time() -> Duration {
 #[derive(Default)]
 struct Figures {
     acquisitions: AtomicU64,
+    /// Those of fresh clients (a new `Redlock` each).
+    fresh_acquisitions: AtomicU64,
     contended: AtomicU64,
     unavailable: AtomicU64,
     freezes: AtomicU64,
@@ -89,28 +108,45 @@ struct Shared {
     stop: AtomicBool,
 }
 
-/// One worker thread with its own `Redlock`; `fair` workers queue on the nodes (fair mode),
-/// the others do not, so both kinds contend for the same resources.
-fn worker(urls: Vec<String>, counter: Arc<dyn FencingCounter>, shared: Arc<Shared>, fair: bool) {
+/// One worker thread with its own `Redlock` (or one per acquisition, for a [`Client::Fresh`]
+/// one); `fair` workers queue on the nodes (fair mode), the others do not, so both kinds
+/// contend for the same resources.
+fn worker(
+    urls: Vec<String>,
+    counter: Arc<dyn FencingCounter>,
+    shared: Arc<Shared>,
+    fair: bool,
+    client: Client,
+) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("worker runtime");
     runtime.block_on(async move {
-        let redlock = Redlock::builder()
-            .nodes(urls)
-            .fencing(counter)
-            .automatic_extension_threshold(THRESHOLD)
-            .retry_count(u32::MAX)
-            .retry_delay(Duration::from_millis(20))
-            .retry_jitter(Duration::from_millis(20))
-            .acquire_timeout(Duration::from_secs(2))
-            .restart_quarantine(RESTART_QUARANTINE)
-            .fair(fair)
+        let build = || {
+            let builder = Redlock::builder()
+                .nodes(urls.clone())
+                .fencing(Arc::clone(&counter))
+                .automatic_extension_threshold(THRESHOLD)
+                .retry_count(u32::MAX)
+                .retry_delay(Duration::from_millis(20))
+                .retry_jitter(Duration::from_millis(20))
+                .acquire_timeout(Duration::from_secs(2))
+                .fair(fair);
+            match client {
+                Client::ShortQuarantine => builder.restart_quarantine(RESTART_QUARANTINE),
+                Client::Default | Client::Fresh => builder,
+            }
             .build()
-            .expect("config");
+            .expect("config")
+        };
+        let mut redlock = build();
         let mut rng = rand::rng();
         while !shared.stop.load(Ordering::SeqCst) {
+            if client == Client::Fresh {
+                redlock.close().await;
+                redlock = build();
+            }
             let resource = rng.random_range(0..RESOURCES);
             let freeze = rng.random_range(0..100) < FREEZE_PERCENT;
             let writes = rng.random_range(2..=4u32);
@@ -190,6 +226,10 @@ fn worker(urls: Vec<String>, counter: Arc<dyn FencingCounter>, shared: Arc<Share
             match result {
                 Ok(()) => {
                     shared.figures.acquisitions.fetch_add(1, Ordering::SeqCst);
+                    if client == Client::Fresh {
+                        let fresh = &shared.figures.fresh_acquisitions;
+                        fresh.fetch_add(1, Ordering::SeqCst);
+                    }
                 }
                 Err(WorkError::Lock(Error::Contended { .. } | Error::AcquireTimeout { .. })) => {
                     shared.figures.contended.fetch_add(1, Ordering::SeqCst);
@@ -221,7 +261,7 @@ async fn fault_schedule(
         let clock = clocks.filter(|_| rng.random_range(0..100) < CLOCK_PERCENT);
         let kind = match clock {
             Some(_) => ["fast", "jump"][rng.random_range(0..2)],
-            None => ["kill", "pause", "disconnect", "restart"][rng.random_range(0..4)],
+            None => ["kill", "pause", "disconnect", "restart", "flush"][rng.random_range(0..5)],
         };
         let count = if clock.is_some() {
             clock_faults += 1;
@@ -230,8 +270,9 @@ async fn fault_schedule(
             } else {
                 rng.random_range(1..=2)
             }
-        } else if kind == "restart" {
-            // Restarts without persistence: one node, or now and then a majority in sequence.
+        } else if kind == "restart" || kind == "flush" {
+            // Restarts without persistence and flushes: one node, or now and then a majority
+            // in sequence.
             restarts += 1;
             if restarts % RESTART_MAJORITY_EVERY == 2 {
                 cluster.len() / 2 + 1
@@ -257,9 +298,13 @@ async fn fault_schedule(
                 ("kill", _) => cluster.kill(i),
                 ("pause", _) => cluster.pause(i),
                 ("disconnect", _) => cluster.disconnect(i),
-                _ => {
-                    cluster.kill(i);
-                    cluster.restart(i);
+                (lost, _) => {
+                    if lost == "flush" {
+                        cluster.flush(i);
+                    } else {
+                        cluster.kill(i);
+                        cluster.restart(i);
+                    }
                     if count > 1 {
                         // In sequence: the next one a little later.
                         tokio::time::sleep(Duration::from_millis(rng.random_range(100..600))).await;
@@ -286,7 +331,7 @@ async fn fault_schedule(
             format!("{kind}{}", if majority { " (majority)" } else { "" }),
             start,
             end,
-            kind != "restart",
+            kind != "restart" && kind != "flush",
         );
         // Every other fault or so, a quiet spell past the end of its window: without one, the
         // windows would cover the whole run and nothing would be checked outside faults.
@@ -313,7 +358,12 @@ async fn torture(cluster: &mut dyn Cluster, clocks: Option<&Clocks>, name: &str)
         .map(|i| {
             let (urls, counter, shared) =
                 (cluster.urls(), Arc::clone(&counter), Arc::clone(&shared));
-            std::thread::spawn(move || worker(urls, counter, shared, i % 2 == 0))
+            let client = match i % 4 {
+                0 => Client::ShortQuarantine,
+                3 => Client::Fresh,
+                _ => Client::Default,
+            };
+            std::thread::spawn(move || worker(urls, counter, shared, i % 2 == 0, client))
         })
         .collect();
     let faults = FaultLog::default();
@@ -337,13 +387,14 @@ async fn torture(cluster: &mut dyn Cluster, clocks: Option<&Clocks>, name: &str)
         .map(|(_, n)| n)
         .sum();
     println!(
-        "torture [{name}] {:?}: {WORKERS} workers x {RESOURCES} resources; acquisitions {}, contended/timed out {}, \
+        "torture [{name}] {:?}: {WORKERS} workers x {RESOURCES} resources; acquisitions {} ({} by fresh clients), contended/timed out {}, \
          unavailable {}; writes accepted {} (acquisitions with 2+ accepted {}), rejected {} (stale wake-ups rejected {}, \
          live writes rejected during faults {}); worker freezes {}, aborted signals {}, lease overlaps during faults {}; \
          faults injected {} (clock faults {clock_faults}, {clock_majority} of them on a majority) {counts:?}; \
          violations {} {violations:?}",
         started.elapsed(),
         f.acquisitions.load(Ordering::SeqCst),
+        f.fresh_acquisitions.load(Ordering::SeqCst),
         f.contended.load(Ordering::SeqCst),
         f.unavailable.load(Ordering::SeqCst),
         tally.accepted,
