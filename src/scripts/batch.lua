@@ -35,6 +35,8 @@
 -- and the last reader's while a writer waits, publish on the writer key's release channel
 -- (waiters retry at once; a Cluster voter's keys-only batch does not). Made only inside
 -- lib(): the one-key mutex path above never sees them. No repair after a restart ("E").
+-- Large foreign values: no operation reads more of a lock key's value than a token's length
+-- and one byte (GETRANGE, see held), so a key holding megabytes costs what any refusal costs.
 -- Returns one reply per operation: acquire/extend the number of keys (0 = refused),
 -- release the number of keys deleted, leave and announce 0, or "E:" and the error of that operation alone
 -- (e.g. WRONGTYPE when a key holds a hash).
@@ -45,6 +47,47 @@ local MIN_WAIT_MARK = 10000
 local now = nil
 -- Keys only (see the top).
 local keys_only = ARGV[1] == "-"
+-- Set once GETRANGE was refused in this call (an ACL user with the rules of an earlier
+-- version): held reads with GET instead, as before.
+local whole = false
+
+-- What key holds, against token: true when token, false when another value, nil when there
+-- is no key, or the server's error (a table: WRONGTYPE for a key of another type). Reads at
+-- most #token + 1 bytes of the value (GETRANGE), never a large foreign value: a GET of 2 MiB
+-- cost the server 3 ms and more per call.
+local function held(key, token)
+  local head
+  if whole then
+    head = redis.pcall("GET", key)
+  else
+    head = redis.pcall("GETRANGE", key, 0, #token)
+  end
+  if type(head) == "table" then
+    if whole or string.sub(tostring(head.err), 1, 9) == "WRONGTYPE" then
+      return head
+    end
+    whole = true
+    return held(key, token)
+  end
+  if head == false then
+    return nil
+  elseif head == token and #token > 0 then
+    return true
+  elseif head == "" and not whole and redis.pcall("EXISTS", key) == 0 then
+    -- GETRANGE answers "" for no key and for an empty value alike.
+    return nil
+  end
+  return head == token
+end
+
+-- Marks key as waited for, for ms or MIN_WAIT_MARK (see the top): its next release
+-- publishes. Best effort.
+local function mark(key, ms)
+  if keys_only then
+    return
+  end
+  redis.pcall("SET", key .. WAITING, "1", "PX", math.max(tonumber(ms) or 0, MIN_WAIT_MARK))
+end
 
 -- Everything but the usual operations, made on the first operation that needs it: a call
 -- made only of one-key acquires, extensions and releases outside fair mode (most calls)
@@ -105,7 +148,7 @@ local function lib()
   -- Whether every key of the operation holds token (the repeat of a request that landed).
   local function holds(first, last, token)
     for j = first, last do
-      if redis.pcall("GET", KEYS[j]) ~= token then
+      if held(KEYS[j], token) ~= true then
         return false
       end
     end
@@ -120,8 +163,8 @@ local function lib()
   -- in between, so this node's vote does not count this round; the next round's does).
   local function extend_repair(first, last, token, ttl, count)
     for j = first, last do
-      local value = redis.pcall("GET", KEYS[j])
-      if value ~= false and value ~= token then
+      local state = held(KEYS[j], token)
+      if state ~= true and state ~= nil then
         return 0
       end
     end
@@ -135,15 +178,6 @@ local function lib()
     return reply
   end
 
-  -- Marks key as waited for, for ms or MIN_WAIT_MARK (see the top): its next release
-  -- publishes. Best effort.
-  local function mark(key, ms)
-    if keys_only then
-      return
-    end
-    redis.pcall("SET", key .. WAITING, "1", "PX", math.max(tonumber(ms) or 0, MIN_WAIT_MARK))
-  end
-
   -- A refused acquire: marks the key it waits for.
   local function refused(key, ttl)
     mark(key, ttl)
@@ -151,29 +185,35 @@ local function lib()
   end
 
   local function acquire(first, last, token, ttl, count)
-    -- One key (the usual lock): one SET when the key is free; GET only when it is taken, by
-    -- another owner, by us (a repeated request), or by a key of another type (WRONGTYPE).
+    -- One key (the usual lock): one SET when the key is free; a look at its value only when
+    -- it is taken, by another owner, by us (a repeated request), or by a key of another type
+    -- (WRONGTYPE).
     if first == last then
       if redis.call("SET", KEYS[first], token, "NX", "PX", ttl) then
         return count
       end
-      local value = redis.pcall("GET", KEYS[first])
-      if type(value) == "table" and value.err then
-        return "E:" .. value.err
+      local state = held(KEYS[first], token)
+      if type(state) == "table" then
+        return "E:" .. tostring(state.err)
       end
-      if value ~= token then
+      if state ~= true then
         return refused(KEYS[first], ttl)
       end
       redis.call("SET", KEYS[first], token, "PX", ttl)
       return count
     end
-    for j = first, last do
-      local value = redis.pcall("GET", KEYS[j])
-      if type(value) == "table" and value.err then
-        return "E:" .. value.err
-      end
-      if value and value ~= token then
-        return refused(KEYS[j], ttl)
+    -- Several keys: one EXISTS when they are all free (the usual case).
+    local n = last - first + 1
+    local taken = n <= 1000 and redis.pcall("EXISTS", unpack(KEYS, first, last))
+    if taken ~= 0 then
+      for j = first, last do
+        local state = held(KEYS[j], token)
+        if type(state) == "table" then
+          return "E:" .. tostring(state.err)
+        end
+        if state == false then
+          return refused(KEYS[j], ttl)
+        end
       end
     end
     for j = first, last do
@@ -206,7 +246,7 @@ local function lib()
   -- id (its release also leaves the key's queue, when usable: see queue_ok), or nil.
   local function release(key, token, waiter)
     if keys_only then
-      if redis.pcall("GET", key) ~= token then
+      if held(key, token) ~= true then
         return 0
       end
       return redis.call("DEL", key)
@@ -215,7 +255,7 @@ local function lib()
     if in_line then
       leave(key, waiter)
     end
-    if redis.pcall("GET", key) ~= token then
+    if held(key, token) ~= true then
       return 0
     end
     -- The key and its waiting mark: 2 deleted when someone waited. A user whose ACL key
@@ -244,7 +284,14 @@ local function lib()
     ttl = tonumber(ttl)
     now = now or now_ms()
     redis.call("ZREMRANGEBYSCORE", readers, "-inf", now)
-    local holder = redis.call("GET", writer)
+    -- The writer: ours (true), another's (false) or none (nil).
+    local holder = nil
+    if redis.call("EXISTS", writer) == 1 then
+      holder = held(writer, token)
+      if type(holder) == "table" then
+        error(holder)
+      end
+    end
     if side == "r" then
       if what == "r" then
         local left = redis.call("ZREM", readers, token)
@@ -259,7 +306,7 @@ local function lib()
       if what == "a" and not ours then
         -- A repeat of a grant that landed is granted again (ours); a new reader queues
         -- behind a writer and behind a waiting one.
-        if holder or redis.call("GET", waiting) then
+        if holder ~= nil or redis.call("EXISTS", waiting) == 1 then
           return 0
         end
       elseif what == "e" and not ours then
@@ -271,29 +318,28 @@ local function lib()
       end
       return 1
     end
-    local mark = redis.call("GET", waiting)
     if what == "a" then
-      if holder == token then
+      if holder == true then
         redis.call("SET", writer, token, "PX", px)
         return 1
       end
-      if holder or redis.call("ZCARD", readers) > 0 then
+      if holder ~= nil or redis.call("ZCARD", readers) > 0 then
         if tonumber(wait) > 0 then
           redis.call("SET", waiting, waiter, "PX", wait)
         end
         return 0
       end
       redis.call("SET", writer, token, "PX", px)
-      if mark == waiter then
+      if held(waiting, waiter) == true then
         redis.call("DEL", waiting)
       end
       return 1
     elseif what == "l" then
-      if mark == waiter then
+      if held(waiting, waiter) == true then
         redis.call("DEL", waiting)
       end
       return 0
-    elseif holder ~= token then
+    elseif holder ~= true then
       return 0
     elseif what == "e" then
       redis.call("PEXPIRE", writer, px)
@@ -408,7 +454,7 @@ local function lib()
     elseif kind == "e" then
       reply = count
       for j = first, last do
-        if redis.pcall("GET", KEYS[j]) ~= token then
+        if held(KEYS[j], token) ~= true then
           reply = 0
           break
         end
@@ -460,7 +506,7 @@ while i <= #ARGV do
     -- release() does, acquire when the key is free, extend as the "e" branch does.
     local key, token, ttl = KEYS[k], ARGV[i + 1], ARGV[i + 2]
     if kind == "r" then
-      if redis.pcall("GET", key) ~= token then
+      if held(key, token) ~= true then
         out[n] = 0
       elseif keys_only then
         out[n] = redis.call("DEL", key)
@@ -484,9 +530,17 @@ while i <= #ARGV do
       elseif set then
         out[n] = 1
       else
-        out[n] = lib().operation(i, k)
+        -- Taken: by another owner (the usual refusal, without lib()), by us (a repeat of a
+        -- request that landed), or by a key of another type.
+        local state = held(key, token)
+        if state == false then
+          mark(key, ttl)
+          out[n] = 0
+        else
+          out[n] = lib().operation(i, k)
+        end
       end
-    elseif redis.pcall("GET", key) == token then
+    elseif held(key, token) == true then
       redis.call("PEXPIRE", key, ttl)
       out[n] = 1
     else
