@@ -3,7 +3,8 @@
 //! releases by a lock that lost its key to such a value, on the script path (the default
 //! server, Redis 7) and the plain path (Valkey 9, Redis 8); the advisory reads (inspect,
 //! force release, a read-write lock's inspect, a semaphore's size) beside them. Each run
-//! checks every node's `SLOWLOG` (nothing over 2 ms) and the bytes it sent (`INFO stats`).
+//! checks every node's `SLOWLOG` (nothing over 2 ms, but for a command or two the scheduler
+//! paused) and the bytes it sent (`INFO stats`).
 
 mod support;
 
@@ -20,6 +21,9 @@ const SLOW_US: &str = "2000";
 /// The most bytes a node may send in a whole run: a few replies per call, far below one
 /// large value (a refusal that sent it back would send 2 MiB).
 const MOST_SENT: u64 = 512 << 10;
+/// How many slow commands a node may log, whatever the keys hold: a command the scheduler
+/// pauses. (Reading the large value, each of the 30+ calls per node was slow.)
+const NOISE: usize = 2;
 /// The name of the harness's own connections, whose commands (writing the large values) are
 /// no concern of the checks.
 const HARNESS: &str = "harness";
@@ -74,12 +78,30 @@ fn put_large(servers: &Servers, keys: &[&str]) {
     }
 }
 
+/// Every script redfence runs on a lock's keys. Loaded by the harness before the checks:
+/// compiling one (a first `SCRIPT LOAD`) can take longer than [`SLOW_US`] whatever the keys
+/// hold (40 ms seen on Valkey 8.1).
+const SCRIPTS: [&str; 5] = [
+    include_str!("../src/scripts/batch.lua"),
+    include_str!("../src/scripts/inspect.lua"),
+    include_str!("../src/scripts/force_release.lua"),
+    include_str!("../src/scripts/claim.lua"),
+    include_str!("../src/scripts/rwlock_inspect.lua"),
+];
+
 /// Starts watching every node: `SLOWLOG` keeps commands over [`SLOW_US`], emptied now; and
-/// the bytes each node has sent so far.
+/// the bytes each node has sent so far. The scripts are loaded first.
 fn watch(servers: &Servers) -> Vec<u64> {
     (0..servers.len())
         .map(|i| {
             let mut conn = harness(servers, i);
+            for script in SCRIPTS {
+                redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(script)
+                    .query::<String>(&mut conn)
+                    .expect("SCRIPT LOAD");
+            }
             redis::cmd("CONFIG")
                 .arg("SET")
                 .arg("slowlog-log-slower-than")
@@ -107,8 +129,8 @@ fn sent(conn: &mut redis::Connection) -> u64 {
         .expect("total_net_output_bytes")
 }
 
-/// Checks every node since [`watch`]: no command but the harness's took over [`SLOW_US`], and
-/// the node sent less than [`MOST_SENT`].
+/// Checks every node since [`watch`]: no more than [`NOISE`] commands but the harness's took
+/// over [`SLOW_US`], and the node sent less than [`MOST_SENT`].
 fn check(servers: &Servers, before: &[u64], what: &str) {
     for (i, before) in before.iter().enumerate() {
         let mut conn = harness(servers, i);
@@ -138,7 +160,12 @@ fn check(servers: &Servers, before: &[u64], what: &str) {
                 _ => None,
             })
             .collect();
-        assert!(slow.is_empty(), "{what}: node {i}: slow commands {slow:?}");
+        // A command the scheduler paused (two cores shared with the client and the other
+        // nodes) may pass 2 ms now and then; a large value read made every refusal slow.
+        assert!(
+            slow.len() <= NOISE,
+            "{what}: node {i}: slow commands {slow:?}"
+        );
         let length: usize = redis::cmd("STRLEN")
             .arg("big")
             .query(&mut conn)
@@ -166,7 +193,7 @@ async fn primed(servers: &Servers) -> Redlock {
 
 /// 30 refused acquisitions of a key holding 2 MiB, and 10 locks whose key another writer
 /// replaced with 2 MiB (their extension fails, their release deletes nothing): no command over
-/// 2 ms on any node, no value sent back, the value untouched. On the script path and on the
+/// 2 ms on any node (but scheduler noise), no value sent back, the value untouched. On the script path and on the
 /// plain path (where a refused `SET … NX GET` sent the value back on every refusal).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_extensions_and_releases_never_read_a_large_value() {
