@@ -15,7 +15,8 @@ pub(crate) const ALIVE: &str = ":redfence:alive";
 pub(crate) const CHANNEL_PREFIX: &str = "redfence:released:";
 
 /// The shortest time a waiting mark lasts (ms), as `batch.lua` declares it: well beyond a
-/// retry delay.
+/// retry delay. (Only the script sets marks, so only the test below reads it.)
+#[cfg(test)]
 pub(crate) const MIN_WAIT_MARK_MS: u64 = 10_000;
 
 /// Every reserved ending: a lock key may not end so, as it could be another lock's helper key.

@@ -163,7 +163,7 @@ async fn single_key_lock_byte_for_byte(kind: Kind) {
     assert_eq!(
         ours,
         vec![
-            args(&["SET", "invoice:7", &token, "NX", "GET", "PX", "10000"]),
+            args(&["SET", "invoice:7", &token, "NX", "PX", "10000"]),
             args(&["SET", "invoice:7", &token, "IFEQ", &token, "PX", "20000"]),
             kind.release("invoice:7", &token),
             args(&["EXISTS", "invoice:7:redfence:waiting"]),

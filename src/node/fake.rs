@@ -200,12 +200,14 @@ impl FakeNode {
             })?;
             let now = Instant::now();
             held.retain(|_, (_, expires)| *expires > now);
+            // As scripts/inspect.lua: a string longer than that is not read (no value).
+            const MAX_READ: usize = 4096;
             let rows = keys
                 .iter()
                 .map(|k| match held.get(k) {
                     Some((token, expires)) => (
                         "string".to_owned(),
-                        Some(token.clone().into_bytes()),
+                        (token.len() <= MAX_READ).then(|| token.clone().into_bytes()),
                         i64::try_from((*expires - now).as_millis()).unwrap_or(i64::MAX),
                     ),
                     None => ("none".to_owned(), None, -2),

@@ -1,6 +1,7 @@
 //! Acquiring one side of a read-write lock: the mutex's attempt
-//! ([`acquisition::attempt_rw`]) on the Redlock's retry schedule, and a writer's waiting mark
-//! taken away once it is done waiting.
+//! ([`acquisition::attempt_rw`]) on the Redlock's retry schedule, and what a waiter left on
+//! the nodes taken away once it is done waiting (a writer's waiting mark, a reader's place in
+//! line).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,10 +23,11 @@ use crate::trace;
 /// The most a refused writer marks the lock as waited for, whatever its retry schedule.
 const LONGEST_MARK: Duration = Duration::from_secs(60);
 
-/// How long a waiting writer's mark lives after its last refused attempt: three of its
-/// longest retry delays and a node timeout, so that it outlives the wait until the next
-/// attempt; at least a second, at most [`LONGEST_MARK`]. A writer that vanishes blocks new
-/// readers for no longer than this.
+/// How long a waiting writer's mark, or a waiting reader's place in line, lives after its
+/// last refused attempt: three of its longest retry delays and a node timeout, so that it
+/// outlives the wait until the next attempt; at least a second, at most [`LONGEST_MARK`]. A
+/// writer that vanishes blocks new readers, and a reader that vanishes once admitted blocks
+/// writers, for no longer than this.
 pub(super) fn wait_mark(config: &Config) -> Duration {
     config
         .backoff
@@ -85,22 +87,24 @@ impl RwLock {
             ttl,
             ..self.target.clone()
         };
-        let marks = retry && mode == RwMode::Write;
+        // A waiter that may retry leaves a sign on the nodes that refuse it: a writer its
+        // waiting mark, a reader its place in line (see the module's docs).
         let rw = Arc::new(RwOp {
             mode,
-            waiter: if mode == RwMode::Write {
+            waiter: if retry || mode == RwMode::Write {
                 new_token()?
             } else {
                 Arc::from("")
             },
-            wait_ms: if marks {
+            wait_ms: if retry {
                 crate::inner::millis(wait_mark(config))
             } else {
                 0
             },
         });
-        // Once refused, the writer may have marked the lock: taken away when this call ends,
-        // however it ends.
+        // Taken away when this call ends: a writer's mark however it ends; a reader's place
+        // if it gives up (a read granted takes its place away where it is granted, and its
+        // release everywhere else).
         let mut mark = Mark {
             shared: Arc::clone(shared),
             target: target.clone(),
@@ -122,9 +126,13 @@ impl RwLock {
             // Any attempt may be refused somewhere and mark the lock there, a granted one too
             // (granted by a majority, refused by a node a reader's entry still held): the
             // mark is taken away whenever it may have been set.
-            mark.set |= marks;
+            mark.set |= retry;
             let failed = match acquisition::attempt_rw(shared, &target, Arc::clone(&rw)).await {
-                Ok(acquired) => return Ok(acquired),
+                Ok(acquired) => {
+                    // A reader's place goes with its release.
+                    mark.set &= mode == RwMode::Write;
+                    return Ok(acquired);
+                }
                 Err(failed) => failed,
             };
             if !failed.is_retryable() {
@@ -158,15 +166,17 @@ impl RwLock {
     }
 }
 
-/// A writer's waiting mark, possibly left on the nodes that refused it: taken away on every
-/// node when dropped (the acquisition ended, granted or not), queued behind the attempt's own
-/// calls; only where the mark is still this writer's. A leave that never lands ends with the
-/// mark's expiry.
+/// A writer's waiting mark, or a reader's place in line, possibly left on the nodes that
+/// refused it: taken away on every node when dropped (the acquisition ended: a writer's
+/// granted or not, a reader's not granted), queued behind the attempt's own calls; a mark
+/// only where it is still this writer's. A leave that never lands ends with the mark's or
+/// the place's expiry.
 struct Mark {
     shared: Arc<Shared>,
     target: Target,
     rw: Arc<RwOp>,
-    /// Whether an attempt was made that a node may have refused (and so may have set the mark).
+    /// Whether an attempt was made that a node may have refused (and so may have set the
+    /// mark or the place), and nothing else takes it away.
     set: bool,
 }
 

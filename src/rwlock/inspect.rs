@@ -30,7 +30,8 @@ pub struct RwNodeState {
     pub writer: Option<RwHolder>,
     /// The live readers there.
     pub readers: Vec<RwHolder>,
-    /// The waiting writer's mark, if one is waiting there (new readers are refused).
+    /// The waiting writer's mark, if one is waiting there (new readers are refused, but not
+    /// those the last writer's release admitted).
     pub writer_waiting: Option<RwHolder>,
 }
 
@@ -68,7 +69,8 @@ impl RwInspection {
         on_majority(seen, self.nodes.len())
     }
 
-    /// Whether a writer waits, as a majority of nodes sees it (new readers are refused).
+    /// Whether a writer waits, as a majority of nodes sees it (new readers are refused, but not
+    /// those the last writer's release admitted).
     pub fn writer_waiting(&self) -> bool {
         let waiting = self.views().filter(|v| v.writer_waiting.is_some()).count();
         waiting >= quorum::quorum(self.nodes.len())

@@ -10,16 +10,40 @@
 //!
 //! - `<name>:rwlock:writer`: the writer's token (a string, expiring at its TTL);
 //! - `<name>:rwlock:readers`: the readers, a sorted set of tokens scored by the server time
-//!   (ms) their hold ends; expired members are pruned by every operation on the lock;
+//!   (ms) their hold ends; expired members are pruned by every operation on the lock. The
+//!   same set keeps the waiting readers' places in line (`?` and the acquisition's waiter
+//!   id, scored below zero: never counted as readers);
 //! - `<name>:rwlock:writer_waiting`: a writer is waiting (its id, with a short expiry).
 //!
-//! A read is granted when there is no live writer and no waiting writer; a write when there
-//! is no writer and no live reader. A refused writer sets (or refreshes) the waiting mark on
-//! each attempt, so new readers queue behind it and it gets in once the readers there leave:
-//! readers cannot starve a writer. The mark lives a little over the writer's longest retry
-//! delay (three of them and a node timeout, 1 s to 60 s); the writer takes it away once
-//! granted or given up.
-//! `try_acquire_write` sets no mark (it does not wait).
+//! **Phase-fair: neither side starves the other.** Each node alternates write phases and
+//! read phases on its own:
+//!
+//! - A write is granted when there is no writer, no live reader and no *admitted* reader
+//!   (below). A refused writer sets (or refreshes) the waiting mark on each attempt.
+//! - A read is granted when there is no writer and either no waiting mark or the reader is
+//!   admitted. A refused reader takes a place in line on that node (or renews it).
+//! - A writer's release admits every reader in line at that moment: those readers get in
+//!   before any writer waiting then, and that writer waits until they leave. A reader that
+//!   comes after the release, while a writer waits, queues behind that writer and is
+//!   admitted by its release.
+//!
+//! So a reader waits for at most one write phase (the one it met, or the one of the writer
+//! it found waiting), and a writer for the readers that were in line before it: two writers
+//! that keep each other's mark up no longer keep readers out. Among writers, the first to try
+//! after the readers leave gets in (no order among writers); among readers, all admitted go
+//! together. The mark and a place in line live a little over the waiter's longest retry
+//! delay (three of them and a node timeout, 1 s to 60 s): a writer that vanishes blocks new
+//! readers, and an admitted reader that vanishes blocks writers, for no longer than that.
+//! A writer takes its mark away once granted or given up; a reader's place goes with its
+//! grant on that node, its release everywhere, or its leave once it gives up.
+//! `try_acquire_write` and `try_acquire_read` leave no mark and take no place (they do not
+//! wait). Each node decides alone, so the policy holds per node; the lock's safety (never a
+//! writer beside a reader or another writer on a majority) rests only on the writer key and
+//! the live readers, as before, and every operation may be repeated (a repeat of a granted
+//! read or write is granted again, a repeated release finds nothing and admits nobody).
+//! Clients of an earlier version on the same lock drop the places in line (they prune every
+//! score below the server time): the lock stays safe and works as before for them, readers
+//! then waiting behind any mark.
 //!
 //! **Where it runs**: new kinds of operation in the node's batch script
 //! (`scripts/batch.lua`, made only inside its `lib()`, so the one-key mutex path is
@@ -152,7 +176,8 @@ impl RwLock {
 
     /// Acquires a read for `ttl`, retrying as the Redlock's builder configured
     /// (`retry_count`, the backoff schedule, `acquire_timeout`) while a writer holds the lock
-    /// or waits for it.
+    /// or waits for it. Refused, it takes a place in line: the next writer's release admits
+    /// it ahead of any writer waiting then (see the module's docs).
     ///
     /// # Errors
     ///
@@ -166,7 +191,7 @@ impl RwLock {
             .map(ReadGuard::new)
     }
 
-    /// Makes one attempt at a read, without retries.
+    /// Makes one attempt at a read, without retries and without taking a place in line.
     ///
     /// # Errors
     ///
@@ -180,7 +205,7 @@ impl RwLock {
 
     /// Acquires the write for `ttl`, retrying as the Redlock's builder configured. While it
     /// waits, new readers are refused (the waiting mark), so it gets in once the readers
-    /// holding leave.
+    /// holding or admitted before it leave (see the module's docs).
     ///
     /// # Errors
     ///

@@ -26,15 +26,27 @@
 -- hash slot, and a Cluster voter's waiters poll (fair mode is refused there).
 -- Read-write locks (kinds of two letters: side "r"/"w", then "a" acquire, "e" extend,
 -- "r" release, "l" leave): the operation's three keys are the lock's writer key (a string,
--- the writer's token, PX), its readers (a sorted set: token by the server time, in ms, its
--- lease ends; expired members pruned by every operation) and its writer-waiting mark (a
--- string, the waiting writer's id, PX); two more arguments follow the four: the writer's
--- waiter id and how long a refused writer marks the lock (ms, 0 for none). A read is granted
--- when there is no writer and no waiting mark, a write when there is no writer and no live
--- reader; a refused write sets the mark, so new readers queue behind it. A writer's release,
--- and the last reader's while a writer waits, publish on the writer key's release channel
--- (waiters retry at once; a Cluster voter's keys-only batch does not). Made only inside
--- lib(): the one-key mutex path above never sees them. No repair after a restart ("E").
+-- the writer's token, PX), its readers (a sorted set, see below) and its writer-waiting mark
+-- (a string, the waiting writer's id, PX); two more arguments follow the four: the waiter
+-- id of the acquisition ("" for none) and how long a refused waiter stays registered (ms, 0
+-- for none). Phase-fair: a write is granted when there is no writer, no live reader and no
+-- admitted reader (below); a refused write sets the mark. A read is granted when there is no
+-- writer, and either no mark or the reader is admitted. A refused reader registers in the
+-- readers set; a writer's release admits every reader registered at that moment: they get
+-- in before any writer waiting then, and readers registered after the release queue behind
+-- a waiting writer (its mark). So a reader waits for at most one write phase, and a writer
+-- for the readers that were in line before it. The readers set holds the live readers
+-- (token by the server time, in ms, their hold ends: positive scores, pruned by every
+-- operation) and the registrations ("?" .. waiter id: -(end of the registration), minus
+-- ADMITTED once admitted; never counted as readers, and pruned by earlier versions' every
+-- operation, which then simply do without them). A grant takes the reader's registration
+-- away, and so does the reader's release (its token) or leave (its waiter id). A writer's
+-- release, the last reader's or an admitted reader's leave while a writer waits, and a
+-- waiting writer's leave publish on the writer key's release channel (waiters retry at once;
+-- a Cluster voter's keys-only batch does not). Made only inside lib(): the one-key mutex
+-- path above never sees them. No repair after a restart ("E").
+-- Large foreign values: no operation reads more of a lock key's value than a token's length
+-- and one byte (GETRANGE, see held), so a key holding megabytes costs what any refusal costs.
 -- Returns one reply per operation: acquire/extend the number of keys (0 = refused),
 -- release the number of keys deleted, leave and announce 0, or "E:" and the error of that operation alone
 -- (e.g. WRONGTYPE when a key holds a hash).
@@ -45,6 +57,47 @@ local MIN_WAIT_MARK = 10000
 local now = nil
 -- Keys only (see the top).
 local keys_only = ARGV[1] == "-"
+-- Set once GETRANGE was refused in this call (an ACL user with the rules of an earlier
+-- version): held reads with GET instead, as before.
+local whole = false
+
+-- What key holds, against token: true when token, false when another value, nil when there
+-- is no key, or the server's error (a table: WRONGTYPE for a key of another type). Reads at
+-- most #token + 1 bytes of the value (GETRANGE), never a large foreign value: a GET of 2 MiB
+-- cost the server 3 ms and more per call.
+local function held(key, token)
+  local head
+  if whole then
+    head = redis.pcall("GET", key)
+  else
+    head = redis.pcall("GETRANGE", key, 0, #token)
+  end
+  if type(head) == "table" then
+    if whole or string.sub(tostring(head.err), 1, 9) == "WRONGTYPE" then
+      return head
+    end
+    whole = true
+    return held(key, token)
+  end
+  if head == false then
+    return nil
+  elseif head == token and #token > 0 then
+    return true
+  elseif head == "" and not whole and redis.pcall("EXISTS", key) == 0 then
+    -- GETRANGE answers "" for no key and for an empty value alike.
+    return nil
+  end
+  return head == token
+end
+
+-- Marks key as waited for, for ms or MIN_WAIT_MARK (see the top): its next release
+-- publishes. Best effort.
+local function mark(key, ms)
+  if keys_only then
+    return
+  end
+  redis.pcall("SET", key .. WAITING, "1", "PX", math.max(tonumber(ms) or 0, MIN_WAIT_MARK))
+end
 
 -- Everything but the usual operations, made on the first operation that needs it: a call
 -- made only of one-key acquires, extensions and releases outside fair mode (most calls)
@@ -105,7 +158,7 @@ local function lib()
   -- Whether every key of the operation holds token (the repeat of a request that landed).
   local function holds(first, last, token)
     for j = first, last do
-      if redis.pcall("GET", KEYS[j]) ~= token then
+      if held(KEYS[j], token) ~= true then
         return false
       end
     end
@@ -120,8 +173,8 @@ local function lib()
   -- in between, so this node's vote does not count this round; the next round's does).
   local function extend_repair(first, last, token, ttl, count)
     for j = first, last do
-      local value = redis.pcall("GET", KEYS[j])
-      if value ~= false and value ~= token then
+      local state = held(KEYS[j], token)
+      if state ~= true and state ~= nil then
         return 0
       end
     end
@@ -135,15 +188,6 @@ local function lib()
     return reply
   end
 
-  -- Marks key as waited for, for ms or MIN_WAIT_MARK (see the top): its next release
-  -- publishes. Best effort.
-  local function mark(key, ms)
-    if keys_only then
-      return
-    end
-    redis.pcall("SET", key .. WAITING, "1", "PX", math.max(tonumber(ms) or 0, MIN_WAIT_MARK))
-  end
-
   -- A refused acquire: marks the key it waits for.
   local function refused(key, ttl)
     mark(key, ttl)
@@ -151,29 +195,35 @@ local function lib()
   end
 
   local function acquire(first, last, token, ttl, count)
-    -- One key (the usual lock): one SET when the key is free; GET only when it is taken, by
-    -- another owner, by us (a repeated request), or by a key of another type (WRONGTYPE).
+    -- One key (the usual lock): one SET when the key is free; a look at its value only when
+    -- it is taken, by another owner, by us (a repeated request), or by a key of another type
+    -- (WRONGTYPE).
     if first == last then
       if redis.call("SET", KEYS[first], token, "NX", "PX", ttl) then
         return count
       end
-      local value = redis.pcall("GET", KEYS[first])
-      if type(value) == "table" and value.err then
-        return "E:" .. value.err
+      local state = held(KEYS[first], token)
+      if type(state) == "table" then
+        return "E:" .. tostring(state.err)
       end
-      if value ~= token then
+      if state ~= true then
         return refused(KEYS[first], ttl)
       end
       redis.call("SET", KEYS[first], token, "PX", ttl)
       return count
     end
-    for j = first, last do
-      local value = redis.pcall("GET", KEYS[j])
-      if type(value) == "table" and value.err then
-        return "E:" .. value.err
-      end
-      if value and value ~= token then
-        return refused(KEYS[j], ttl)
+    -- Several keys: one EXISTS when they are all free (the usual case).
+    local n = last - first + 1
+    local taken = n <= 1000 and redis.pcall("EXISTS", unpack(KEYS, first, last))
+    if taken ~= 0 then
+      for j = first, last do
+        local state = held(KEYS[j], token)
+        if type(state) == "table" then
+          return "E:" .. tostring(state.err)
+        end
+        if state == false then
+          return refused(KEYS[j], ttl)
+        end
       end
     end
     for j = first, last do
@@ -206,7 +256,7 @@ local function lib()
   -- id (its release also leaves the key's queue, when usable: see queue_ok), or nil.
   local function release(key, token, waiter)
     if keys_only then
-      if redis.pcall("GET", key) ~= token then
+      if held(key, token) ~= true then
         return 0
       end
       return redis.call("DEL", key)
@@ -215,7 +265,7 @@ local function lib()
     if in_line then
       leave(key, waiter)
     end
-    if redis.pcall("GET", key) ~= token then
+    if held(key, token) ~= true then
       return 0
     end
     -- The key and its waiting mark: 2 deleted when someone waited. A user whose ACL key
@@ -232,6 +282,65 @@ local function lib()
     return 1
   end
 
+  -- A score as Redis reads it: every digit (Lua writes 14 significant ones, then an
+  -- exponent).
+  local function score(x)
+    return string.format("%.0f", x)
+  end
+
+  -- How far below the others an admitted reader's registration is scored in a read-write
+  -- lock's readers set (see the top): far beyond any server time in ms, exact in a double.
+  local ADMITTED = 1e15
+
+  -- Whether the readers set holds a live reader (its hold ended after now: pruned already).
+  local function live(readers)
+    return #redis.call("ZRANGEBYSCORE", readers, "(0", "+inf", "LIMIT", 0, 1) > 0
+  end
+
+  -- Whether the readers set holds a live admitted registration.
+  local function admitted(readers)
+    local below = "(" .. score(-now - ADMITTED)
+    return #redis.call("ZRANGEBYSCORE", readers, "-inf", below, "LIMIT", 0, 1) > 0
+  end
+
+  -- Registration reg's score, if live, and whether it is admitted.
+  local function registration(readers, reg)
+    local s = tonumber(redis.call("ZSCORE", readers, reg))
+    if s == nil or (s >= -now and s < 0) or (s >= -now - ADMITTED and s < -ADMITTED) then
+      return nil, false
+    end
+    return s, s < -ADMITTED
+  end
+
+  -- A refused reader registers (or renews its registration) for wait ms, keeping its
+  -- admission; none without a waiter id or a wait (a single attempt).
+  local function register(readers, reg, wait)
+    if wait <= 0 or reg == "?" then
+      return
+    end
+    local _, admission = registration(readers, reg)
+    local ends = -(now + wait)
+    if admission then
+      ends = ends - ADMITTED
+    end
+    redis.call("ZADD", readers, score(ends), reg)
+    if redis.call("PTTL", readers) < wait then
+      redis.call("PEXPIRE", readers, score(wait))
+    end
+  end
+
+  -- A writer's release: every reader registered now is admitted (goes ahead of any writer
+  -- waiting now); registrations that ended are dropped.
+  local function admit(readers)
+    redis.call("ZREMRANGEBYSCORE", readers, score(-now), "(0")
+    redis.call("ZREMRANGEBYSCORE", readers, score(-now - ADMITTED), "(" .. score(-ADMITTED))
+    local rows = redis.call("ZRANGEBYSCORE", readers, "(" .. score(-ADMITTED), "(0",
+      "WITHSCORES")
+    for j = 1, #rows, 2 do
+      redis.call("ZADD", readers, score(tonumber(rows[j + 1]) - ADMITTED), rows[j])
+    end
+  end
+
   -- A read-write lock's operation (see the top) on the keys from KEYS[first]: writer,
   -- readers, waiting mark. Raises the server's error for a key of another type, read before
   -- anything is written.
@@ -242,67 +351,96 @@ local function lib()
     -- written back in exponent form, which Redis refuses; as a number for the scores.
     local px = ttl
     ttl = tonumber(ttl)
+    wait = tonumber(wait) or 0
     now = now or now_ms()
-    redis.call("ZREMRANGEBYSCORE", readers, "-inf", now)
-    local holder = redis.call("GET", writer)
+    -- Readers whose hold ended (registrations, scored below 0, stay).
+    redis.call("ZREMRANGEBYSCORE", readers, 0, now)
+    -- The writer: ours (true), another's (false) or none (nil).
+    local holder = nil
+    if redis.call("EXISTS", writer) == 1 then
+      holder = held(writer, token)
+      if type(holder) == "table" then
+        error(holder)
+      end
+    end
+    local reg = "?" .. waiter
+    local function announce()
+      if not keys_only then
+        redis.pcall("PUBLISH", "redfence:released:" .. writer, "")
+      end
+    end
     if side == "r" then
       if what == "r" then
+        -- A release (token), or a leave (token = the waiter id): the hold and the
+        -- registration. The last of them gone while a writer waits: tell the waiters.
         local left = redis.call("ZREM", readers, token)
-        -- The last reader gone while a writer waits: tell the waiters (see the top).
-        if left == 1 and not keys_only and redis.call("ZCARD", readers) == 0
-            and redis.call("EXISTS", waiting) == 1 then
-          redis.pcall("PUBLISH", "redfence:released:" .. writer, "")
+        local unlisted = 0
+        if reg ~= "?" then
+          unlisted = redis.call("ZREM", readers, reg)
+        end
+        if (left == 1 or unlisted == 1) and redis.call("EXISTS", waiting) == 1
+            and not live(readers) and not admitted(readers) then
+          announce()
         end
         return left
       end
       local ours = redis.call("ZSCORE", readers, token)
-      if what == "a" and not ours then
-        -- A repeat of a grant that landed is granted again (ours); a new reader queues
-        -- behind a writer and behind a waiting one.
-        if holder or redis.call("GET", waiting) then
+      if what == "e" and not ours then
+        return 0
+      elseif what == "a" and not ours then
+        -- A repeat of a grant that landed is granted again (ours). A new reader queues
+        -- behind a writer, and behind a waiting one unless a writer's release admitted it.
+        local refused = holder ~= nil
+        if not refused and redis.call("EXISTS", waiting) == 1 then
+          local _, admission = registration(readers, reg)
+          refused = not admission
+        end
+        if refused then
+          register(readers, reg, wait)
           return 0
         end
-      elseif what == "e" and not ours then
-        return 0
       end
       redis.call("ZADD", readers, now + ttl, token)
       if redis.call("PTTL", readers) < ttl then
         redis.call("PEXPIRE", readers, px)
       end
+      if what == "a" and wait > 0 and reg ~= "?" then
+        redis.call("ZREM", readers, reg)
+      end
       return 1
     end
-    local mark = redis.call("GET", waiting)
     if what == "a" then
-      if holder == token then
+      if holder == true then
         redis.call("SET", writer, token, "PX", px)
         return 1
       end
-      if holder or redis.call("ZCARD", readers) > 0 then
-        if tonumber(wait) > 0 then
-          redis.call("SET", waiting, waiter, "PX", wait)
+      if holder ~= nil or live(readers) or admitted(readers) then
+        if wait > 0 then
+          redis.call("SET", waiting, waiter, "PX", score(wait))
         end
         return 0
       end
       redis.call("SET", writer, token, "PX", px)
-      if mark == waiter then
+      if held(waiting, waiter) == true then
         redis.call("DEL", waiting)
       end
       return 1
     elseif what == "l" then
-      if mark == waiter then
+      if held(waiting, waiter) == true then
+        -- Readers queued behind this writer may go.
         redis.call("DEL", waiting)
+        announce()
       end
       return 0
-    elseif holder ~= token then
+    elseif holder ~= true then
       return 0
     elseif what == "e" then
       redis.call("PEXPIRE", writer, px)
       return 1
     end
     redis.call("DEL", writer)
-    if not keys_only then
-      redis.pcall("PUBLISH", "redfence:released:" .. writer, "")
-    end
+    admit(readers)
+    announce()
     return 1
   end
 
@@ -408,7 +546,7 @@ local function lib()
     elseif kind == "e" then
       reply = count
       for j = first, last do
-        if redis.pcall("GET", KEYS[j]) ~= token then
+        if held(KEYS[j], token) ~= true then
           reply = 0
           break
         end
@@ -460,7 +598,7 @@ while i <= #ARGV do
     -- release() does, acquire when the key is free, extend as the "e" branch does.
     local key, token, ttl = KEYS[k], ARGV[i + 1], ARGV[i + 2]
     if kind == "r" then
-      if redis.pcall("GET", key) ~= token then
+      if held(key, token) ~= true then
         out[n] = 0
       elseif keys_only then
         out[n] = redis.call("DEL", key)
@@ -484,9 +622,17 @@ while i <= #ARGV do
       elseif set then
         out[n] = 1
       else
-        out[n] = lib().operation(i, k)
+        -- Taken: by another owner (the usual refusal, without lib()), by us (a repeat of a
+        -- request that landed), or by a key of another type.
+        local state = held(key, token)
+        if state == false then
+          mark(key, ttl)
+          out[n] = 0
+        else
+          out[n] = lib().operation(i, k)
+        end
       end
-    elseif redis.pcall("GET", key) == token then
+    elseif held(key, token) == true then
       redis.call("PEXPIRE", key, ttl)
       out[n] = 1
     else

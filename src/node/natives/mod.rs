@@ -1,15 +1,23 @@
 //! Plain commands instead of the batch script, on servers that have compare-and-delete
 //! (Valkey 9's `DELIFEQ`, Redis 8.4's `DELEX … IFEQ`): a single-key lock outside fair mode is
-//! `SET k t NX GET PX ttl` to acquire, `SET k t IFEQ t PX ttl` to extend and `DELIFEQ k t`
+//! `SET k t NX PX ttl` to acquire, `SET k t IFEQ t PX ttl` to extend and `DELIFEQ k t`
 //! (`DELEX k IFEQ t`) to release, with no Lua. Keys and values are the script's, so
 //! node-redlock and redsync still interoperate. The rest of a batch (several keys, fair mode)
 //! goes as script calls in the same pipeline, in order. On servers without compare-and-delete,
 //! plain acquires beside scripted releases did not pay (Redis 7.0: 64-way throughput
 //! 0.89–0.94×, BENCHMARKS.md): the script does everything there.
 //!
-//! What the script does beside a contended operation follows it, best effort: a refused
-//! acquire marks its key as waited for, and a release that found its key marked announces
-//! itself (the script's `n`), so that waiters in other processes still hear of it.
+//! No command brings a key's value back: the server compares it (`IFEQ`, `DELIFEQ`), and an
+//! acquire asks for nothing but the `SET`'s outcome (a `SET … NX GET` shipped a foreign value
+//! back on every refusal, megabytes for a large one). A `SET … NX` that finds the key taken
+//! cannot tell another owner from our own `SET` landed by the first send of a batch resent
+//! after a lost connection, nor from a key of another type: that acquire runs again in the
+//! script after the pipeline (as a refused plain command does), which tells them apart
+//! reading no more than a token's length of the value, and marks the key as waited for.
+//!
+//! What the script does beside a contended release follows it, best effort: a release that
+//! found its key marked announces itself (the script's `n`), so that waiters in other
+//! processes still hear of it.
 
 use std::ops::Range;
 
@@ -17,7 +25,7 @@ use redis::{Cmd, Pipeline, RedisWrite, ToRedisArgs, Value};
 
 use super::batch::{BATCH, Run, Touch, write_script};
 use super::{Op, Request};
-use crate::helper_keys::{MIN_WAIT_MARK_MS, WAITING};
+use crate::helper_keys::WAITING;
 
 /// What a server link knows of its server's commands, for the connection it uses. `false`
 /// (the script for everything) on a server without compare-and-delete, for a user not allowed
@@ -128,7 +136,8 @@ pub(super) struct Plan {
 pub(super) struct Outcome {
     pub(super) replies: Vec<Option<Value>>,
     /// Requests to run again in the script, in order: a script call the server had no script
-    /// for (`NOSCRIPT`), or a plain command it refused.
+    /// for (`NOSCRIPT`), a plain command it refused, or a plain acquire that found its key
+    /// taken (the script tells another owner from a repeat of ours, and marks the key).
     pub(super) again: Vec<usize>,
     /// Whether a plain command was refused (the link turns to the script for everything).
     pub(super) refused: bool,
@@ -138,8 +147,6 @@ pub(super) struct Outcome {
     /// Whether a release went through, plain or in a script call (see
     /// [`Natives::released`]).
     pub(super) released: bool,
-    /// Waiting marks to set: (key, TTL in milliseconds) of each refused acquire.
-    pub(super) marks: Vec<(String, u64)>,
     /// Keys a plain release deleted while they were marked: their release is to be announced.
     pub(super) announce: Vec<String>,
 }
@@ -174,7 +181,7 @@ impl Plan {
                     let (key, token) = (req.keys[0].as_str(), &*req.token);
                     match plain {
                         Plain::Acquire => {
-                            pipeline.cmd("SET").arg(key).arg(token).arg("NX").arg("GET");
+                            pipeline.cmd("SET").arg(key).arg(token).arg("NX");
                             pipeline.arg("PX").arg(req.ttl_ms);
                         }
                         Plain::Extend => {
@@ -237,23 +244,20 @@ impl Plan {
                         }
                     }
                     let reply = match (plain, first) {
-                        // A key of another type is the acquire's own error, as in the
-                        // script; an extension or release of it changes nothing (0). Any
-                        // other error (READONLY, LOADING, BUSY) is that request's own.
+                        // An acquire's error (OOM, READONLY, LOADING, BUSY) is its own; an
+                        // extension or release of a key of another type changes nothing (0),
+                        // as in the script, and any other error is that request's own.
                         (Plain::Acquire, err @ Value::ServerError(_)) => err,
                         (_, Value::ServerError(err)) if err.code() == "WRONGTYPE" => Value::Int(0),
                         (_, err @ Value::ServerError(_)) => err,
-                        // Free, or ours already: a repeat of this call after a lost
-                        // connection, which landed after the attempt started.
-                        (Plain::Acquire, Value::Nil) => Value::Int(1),
-                        (Plain::Acquire, Value::BulkString(held))
-                            if held == req.token.as_bytes() =>
-                        {
-                            Value::Int(1)
-                        }
+                        // Free: ours now.
+                        (Plain::Acquire, Value::Okay) => Value::Int(1),
+                        (Plain::Acquire, Value::SimpleString(ok)) if ok == "OK" => Value::Int(1),
+                        // Taken: by another owner, by another type, or by us (our first send,
+                        // landed before its connection was lost): the script tells them apart.
                         (Plain::Acquire, _) => {
-                            outcome.marks.push((key.clone(), req.ttl_ms));
-                            Value::Int(0)
+                            outcome.again.push(index);
+                            continue;
                         }
                         (Plain::Extend, Value::Okay) => Value::Int(1),
                         (Plain::Extend, Value::SimpleString(ok)) if ok == "OK" => Value::Int(1),
@@ -326,37 +330,25 @@ fn refuses_plain(code: &str, details: Option<&str>) -> bool {
                 .is_some_and(|d| d.starts_with("unknown command") || d.starts_with("syntax error")))
 }
 
-/// What follows a batch whose [`Outcome`] asks for it, as one pipeline: the waiting marks,
-/// then one script call announcing the releases. `None` when there is nothing to do.
+/// What follows a batch whose [`Outcome`] asks for it, as one pipeline: one script call
+/// announcing the releases. `None` when there is nothing to do. (A refused acquire's waiting
+/// mark is set by the script it runs again in.)
 pub(super) fn follow_up(outcome: &Outcome) -> Option<(Pipeline, usize)> {
-    if outcome.marks.is_empty() && outcome.announce.is_empty() {
+    if outcome.announce.is_empty() {
         return None;
     }
     let mut pipeline = redis::pipe();
-    let mut commands = 0;
-    for (key, ttl_ms) in &outcome.marks {
-        pipeline
-            .cmd("SET")
-            .arg(MarkOf(key))
-            .arg("1")
-            .arg("PX")
-            .arg((*ttl_ms).max(MIN_WAIT_MARK_MS));
-        commands += 1;
+    let call = pipeline
+        .cmd("EVALSHA")
+        .arg(BATCH.get_hash())
+        .arg(outcome.announce.len());
+    for key in &outcome.announce {
+        call.arg(key);
     }
-    if !outcome.announce.is_empty() {
-        let call = pipeline
-            .cmd("EVALSHA")
-            .arg(BATCH.get_hash())
-            .arg(outcome.announce.len());
-        for key in &outcome.announce {
-            call.arg(key);
-        }
-        for _ in &outcome.announce {
-            call.arg("n").arg("").arg(0).arg(1);
-        }
-        commands += 1;
+    for _ in &outcome.announce {
+        call.arg("n").arg("").arg(0).arg(1);
     }
-    Some((pipeline, commands))
+    Some((pipeline, 1))
 }
 
 #[cfg(test)]
