@@ -133,11 +133,21 @@ async fn a_fresh_client_is_refused_after_a_majority_restart() {
     second.release().await.expect("release");
 }
 
-/// A flush loses memory as a restart does, but the `run_id` stays: the markers tell it, to a
-/// fresh client and to one that was connected, even with the quarantine off before.
+/// A flush loses memory as a restart does, but the `run_id` stays and no connection drops: the
+/// markers tell it, to a fresh client and to one that was connected (in its next batch).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flushall_on_a_majority_is_quarantined_for_every_client() {
-    let servers = Servers::start(3);
+    flushall_on_a_majority(Servers::start(3)).await;
+}
+
+/// The same where a one-key lock is plain commands (Valkey 9): the marker is read in the
+/// batch's pipeline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushall_on_a_majority_is_quarantined_on_plain_commands() {
+    flushall_on_a_majority(Servers::start_launched(3, &[], |_| support::valkey9())).await;
+}
+
+async fn flushall_on_a_majority(servers: Servers) {
     let connected = fresh(&servers);
     warm_up(&connected).await;
     let a = a_holds(&servers).await;
@@ -149,8 +159,8 @@ async fn flushall_on_a_majority_is_quarantined_for_every_client() {
         .await
         .expect_err("nodes 1 and 2 forgot A's lock");
     assert_quarantined(&err, &[1, 2]);
-    // The connected client, once it read the servers again (a second after its last reading).
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // The connected client at once: its batches read the markers (it last read the servers
+    // less than a second ago, before the flush).
     let err = connected
         .try_acquire(&[RES], Duration::from_secs(5))
         .await

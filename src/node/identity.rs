@@ -181,6 +181,39 @@ impl Identity {
         }
     }
 
+    /// The marker id last read on this server, to check in a batch of acquisitions or
+    /// extensions (see [`Self::marker_read`]), with the marker's key; `None` when quarantine is
+    /// off or the memory cannot be read.
+    pub(crate) fn marker_to_check(&self) -> Option<(&str, String)> {
+        {
+            let state = self.state();
+            if self.rule.period.is_zero() || state.memory_refused {
+                return None;
+            }
+        }
+        Some((&self.marker_key, self.memory.marker(self.slot)?))
+    }
+
+    /// Notes the marker a batch read (`value`, the batch's last reply) where it expected
+    /// `expected`: another marker, or none, means that the server lost its memory since it was
+    /// last read (a flush), so it is suspect at once (its grants in this batch do not count)
+    /// and read before the next call.
+    pub(crate) fn marker_read(&self, expected: &str, value: Option<&Value>) {
+        let same = match value.and_then(text) {
+            Some(marker) => marker
+                .strip_prefix(expected)
+                .is_some_and(|rest| rest.starts_with('|')),
+            None => false,
+        };
+        if !same {
+            tracing::warn!(
+                "a lock server's memory marker changed under a batch: its votes do not count \
+                 until its memory is read again"
+            );
+            self.suspect();
+        }
+    }
+
     /// Something suggested a restart (a lost connection, `NOSCRIPT`): read the identity
     /// before the next call, loading the memory script first (a restart loses scripts).
     pub(crate) fn suspect(&self) {

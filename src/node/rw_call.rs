@@ -60,9 +60,9 @@ mod tests {
             runs.iter(),
             Touch::WithHelpers,
             &mut cmd,
-            "EVAL",
-            "body",
+            ("EVAL", "body"),
             true,
+            None,
         );
         let args: Vec<String> = cmd
             .args_iter()

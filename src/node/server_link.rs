@@ -87,6 +87,13 @@ impl ServerLink {
     ) -> Result<Replies, NodeFailure> {
         let mut plan = std::mem::take(&mut self.plan);
         plan.write(runs, natives);
+        // The memory marker last: a server flushed since it was last read counts no vote.
+        let marker = marker_to_check(&self.identity, runs);
+        if let Some((key, _)) = &marker {
+            plan.pipeline.cmd("GET").arg(*key);
+            plan.commands += 1;
+        }
+        let expected = marker.map(|(_, id)| id);
         let answered = async {
             // Every command is repeat-safe for its token, as the script is: once more after a
             // lost connection.
@@ -105,6 +112,7 @@ impl ServerLink {
                 other => other?,
             };
             check_count(values.len(), plan.commands)?;
+            let values = self.without_marker(expected, values);
             Ok::<_, NodeFailure>(plan.read(runs, values))
         };
         let answered = tokio::select! {
@@ -182,7 +190,7 @@ impl ServerLink {
                 let mut call = Cmd::new();
                 let again = outcome.again.iter().map(|&i| &runs[i]);
                 let (hash, touch) = (BATCH.get_hash(), Touch::WithHelpers);
-                write_call(again, touch, &mut call, "EVALSHA", hash, repair);
+                write_call(again, touch, &mut call, ("EVALSHA", hash), repair, None);
                 match evalsha(&call, &mut conn).await {
                     Ok(values) if values.len() == outcome.again.len() => {
                         for (&i, value) in outcome.again.iter().zip(values) {
@@ -249,7 +257,7 @@ impl ServerLink {
             Due::Beside => true,
             Due::No => false,
         };
-        self.write(runs);
+        let expected = self.write(runs);
         let result = if beside {
             // Pipelined on the multiplexed connection: one round trip for both.
             let mut side = conn.clone();
@@ -262,7 +270,7 @@ impl ServerLink {
             self.script.query_async(&mut conn).await
         };
         let err = match result {
-            Ok(replies) => return Ok(replies),
+            Ok(replies) => return Ok(self.without_marker(expected, replies)),
             Err(err) => err,
         };
         let noscript = err.kind() == ErrorKind::Server(ServerErrorKind::NoScript);
@@ -282,8 +290,9 @@ impl ServerLink {
             conn = self.connection.connection().await?;
             self.identity.check(&mut conn).await;
         }
-        self.write(runs);
-        Ok(evalsha(&self.script, &mut conn).await?)
+        let expected = self.write(runs);
+        let replies = evalsha(&self.script, &mut conn).await?;
+        Ok(self.without_marker(expected, replies))
     }
 
     /// Reads the server's identity on `conn`; after a failure (the connection was lost: a
@@ -299,17 +308,31 @@ impl ServerLink {
         Ok(())
     }
 
-    /// Writes `runs` as the call to send, repairing where the server is out of quarantine.
-    fn write(&mut self, runs: &[Run]) {
+    /// Writes `runs` as the call to send, repairing where the server is out of quarantine,
+    /// and reading the server's memory marker where `runs` ask for votes (see
+    /// [`marker_to_check`]); the marker id expected, if it is read.
+    fn write(&mut self, runs: &[Run]) -> Option<String> {
         let repair = self.identity.repairs();
+        let marker = marker_to_check(&self.identity, runs);
         write_call(
             runs.iter(),
             Touch::WithHelpers,
             &mut self.script,
-            "EVALSHA",
-            BATCH.get_hash(),
+            ("EVALSHA", BATCH.get_hash()),
             repair,
+            marker.as_ref().map(|(key, _)| *key),
         );
+        marker.map(|(_, id)| id)
+    }
+
+    /// The batch's `replies`, less the marker's (the last) when `expected` was read, which
+    /// the identity notes.
+    fn without_marker(&self, expected: Option<String>, mut replies: Vec<Value>) -> Vec<Value> {
+        if let Some(expected) = expected {
+            let marker = replies.pop();
+            self.identity.marker_read(&expected, marker.as_ref());
+        }
+        replies
     }
 }
 
@@ -356,6 +379,16 @@ impl Link for ServerLink {
         }
         Ok(Replies::All(replies))
     }
+}
+
+/// The key and expected id of the memory marker to read in a batch of `runs` (see
+/// `Identity::marker_read`): only a batch that asks for votes (an acquire or an extension)
+/// reads it, so that a server flushed since it was last read counts none of them.
+fn marker_to_check<'a>(identity: &'a Identity, runs: &[Run]) -> Option<(&'a str, String)> {
+    runs.iter()
+        .any(|run| matches!(run.req.op, Op::Acquire | Op::Extend))
+        .then(|| identity.marker_to_check())
+        .flatten()
 }
 
 /// The failure of a request not run again in the script because a later request of its lock

@@ -7,7 +7,9 @@
 --        Kinds: "a" acquire, "e" extend, "E" extend and set missing keys again (see
 --        extend_repair), "r" release, "f" acquire in turn (fair mode),
 --        "l" leave the fair queue, "R" release and leave the fair queue (a fair lock's
---        release), "n" announce a release made by a plain command. KEYS = every operation's keys, in order.
+--        release), "n" announce a release made by a plain command, "m" read the server's
+--        memory marker (its one key; the reply is the marker, or 0: see src/memory.rs).
+--        KEYS = every operation's keys, in order.
 -- Fair queue of a key K: the sorted set K..":redfence:queue" (waiter by ticket) and
 -- K..":redfence:alive" (waiter by the server time, in ms, its lease ends); a waiter that
 -- has not been heard from for its lease is dropped. "f" grants only the waiter at the head
@@ -593,7 +595,14 @@ local n = 0
 while i <= #ARGV do
   n = n + 1
   local kind, one = ARGV[i], ARGV[i + 3] == "1"
-  if one and (kind == "r" or kind == "a" or kind == "e") then
+  if kind == "m" then
+    -- The memory marker, read in the batch: a client that finds it gone or replaced knows
+    -- at once that the server forgot what it granted (a flush), before counting its votes.
+    local marker = redis.pcall("GET", KEYS[k])
+    out[n] = type(marker) == "string" and marker or 0
+    i = i + 4
+    k = k + 1
+  elseif one and (kind == "r" or kind == "a" or kind == "e") then
     -- The usual operations (one key, not fair), with nothing else to decode: release as
     -- release() does, acquire when the key is free, extend as the "e" branch does.
     local key, token, ttl = KEYS[k], ARGV[i + 1], ARGV[i + 2]

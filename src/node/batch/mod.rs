@@ -302,7 +302,14 @@ pub(super) fn write_script<'r>(
     touch: Touch,
     script: &mut Cmd,
 ) {
-    write_call(runs, touch, script, "EVALSHA", BATCH.get_hash(), false);
+    write_call(
+        runs,
+        touch,
+        script,
+        ("EVALSHA", BATCH.get_hash()),
+        false,
+        None,
+    );
 }
 
 /// `runs` as one `EVAL` of the batch script's source: what a server that does not have the
@@ -313,28 +320,37 @@ pub(super) fn write_eval<'r>(
     touch: Touch,
     script: &mut Cmd,
 ) {
-    write_call(runs, touch, script, "EVAL", BATCH_SOURCE, false);
+    write_call(runs, touch, script, ("EVAL", BATCH_SOURCE), false, None);
 }
 
+/// `runs` as one call of the batch script (`command` `body`: `EVALSHA` and its hash, or
+/// `EVAL` and its source), written into `script`.
 ///
 /// With `repair`, extensions are sent as "E" (extend, and set again a key that is missing:
 /// see [`RedlockBuilder::restart_quarantine`](crate::RedlockBuilder::restart_quarantine));
-/// otherwise as "e" (extend only).
+/// otherwise as "e" (extend only). With a `marker` key, the call ends with an "m": the
+/// server's memory marker, read in the same call (its reply comes last).
 pub(super) fn write_call<'r>(
     runs: impl Iterator<Item = &'r Run> + Clone,
     touch: Touch,
     script: &mut Cmd,
-    command: &str,
-    body: &str,
+    (command, body): (&str, &str),
     repair: bool,
+    marker: Option<&str>,
 ) {
     let keys: usize = runs.clone().map(|run| run.req.keys.len()).sum();
     script.clear();
-    script.arg(command).arg(body).arg(keys);
+    script
+        .arg(command)
+        .arg(body)
+        .arg(keys + usize::from(marker.is_some()));
     for run in runs.clone() {
         for key in run.req.keys.iter() {
             script.arg(key.as_str());
         }
+    }
+    if let Some(marker) = marker {
+        script.arg(marker);
     }
     if touch == Touch::KeysOnly {
         script.arg("-");
@@ -365,6 +381,9 @@ pub(super) fn write_call<'r>(
                 .map_or(("", 0, 0), |q| (&*q.waiter, q.ticket, q.lease_ms));
             script.arg(waiter).arg(ticket).arg(lease);
         }
+    }
+    if marker.is_some() {
+        script.arg("m").arg("").arg(0).arg(1);
     }
 }
 
