@@ -14,7 +14,7 @@ const TTL: Duration = Duration::from_secs(10);
 
 /// The README's rules for a user that can lock under the `locks:` prefix, and nothing else.
 const LOCKER_RULES: &str = "on >locker-secret resetkeys ~locks:* resetchannels \
-                            &redfence:released:locks:* -@all +evalsha +script|load +get +set \
+                            &redfence:released:locks:* -@all +evalsha +script|load +get +getrange +set \
                             +pexpire +del +exists +publish +subscribe +unsubscribe +time +info";
 
 /// The README's additions for fair mode.

@@ -269,8 +269,9 @@ impl RedlockBuilder {
     }
 
     /// Whether a lock on one key goes as plain commands, without Lua, on servers that have
-    /// compare-and-delete (Valkey 9's `DELIFEQ`, Redis 8.4's `DELEX`): `SET k t NX GET PX ttl`
-    /// to acquire, `SET k t IFEQ t PX ttl` to extend and `DELIFEQ k t` (`DELEX k IFEQ t`) to
+    /// compare-and-delete (Valkey 9's `DELIFEQ`, Redis 8.4's `DELEX`): `SET k t NX PX ttl` to
+    /// acquire (one that finds the key taken is settled by the script, which marks it as
+    /// waited for), `SET k t IFEQ t PX ttl` to extend and `DELIFEQ k t` (`DELEX k IFEQ t`) to
     /// release, which costs the server much less than the script. Defaults to `true`; other
     /// servers, locks on several keys and fair mode always use the script. Keys and values
     /// are the same either way.
