@@ -190,8 +190,17 @@ impl ServerLink {
                 let mut call = Cmd::new();
                 let again = outcome.again.iter().map(|&i| &runs[i]);
                 let (hash, touch) = (BATCH.get_hash(), Touch::WithHelpers);
-                write_call(again, touch, &mut call, ("EVALSHA", hash), repair, None);
-                match evalsha(&call, &mut conn).await {
+                // A call of its own, after the pipeline's marker read: it reads the marker
+                // again (a flush in between must not let its grants count).
+                let marker =
+                    marker_to_check(&self.identity, outcome.again.iter().map(|&i| &runs[i]));
+                let key = marker.as_ref().map(|(key, _)| *key);
+                write_call(again, touch, &mut call, ("EVALSHA", hash), repair, key);
+                let expected = marker.map(|(_, id)| id);
+                let values = evalsha(&call, &mut conn)
+                    .await
+                    .map(|values| self.without_marker(expected, values));
+                match values {
                     Ok(values) if values.len() == outcome.again.len() => {
                         for (&i, value) in outcome.again.iter().zip(values) {
                             replies[i] = Ok(value);
@@ -384,8 +393,11 @@ impl Link for ServerLink {
 /// The key and expected id of the memory marker to read in a batch of `runs` (see
 /// `Identity::marker_read`): only a batch that asks for votes (an acquire or an extension)
 /// reads it, so that a server flushed since it was last read counts none of them.
-fn marker_to_check<'a>(identity: &'a Identity, runs: &[Run]) -> Option<(&'a str, String)> {
-    runs.iter()
+fn marker_to_check<'a, 'r>(
+    identity: &'a Identity,
+    runs: impl IntoIterator<Item = &'r Run>,
+) -> Option<(&'a str, String)> {
+    runs.into_iter()
         .any(|run| matches!(run.req.op, Op::Acquire | Op::Extend))
         .then(|| identity.marker_to_check())
         .flatten()

@@ -20,6 +20,14 @@ const TTL: &str = "60s";
 /// holds `nc` on all three servers, which remember each other's memory markers; then servers
 /// 1 and 2 restart without persistence. Returns the holder, still running.
 fn a_holder_then_nodes_1_and_2_restarted(servers: &mut Servers) -> Child {
+    let holder = a_holder(servers);
+    servers.restart(1);
+    servers.restart(2);
+    holder
+}
+
+/// A holder as above, the rosters written; nothing lost yet.
+fn a_holder(servers: &Servers) -> Child {
     let holder = spawn_run(servers, &["-r", "nc", "--ttl", TTL], "sleep 60");
     wait_for("the holder's key on every node", || {
         (0..3).all(|i| servers.get(i, "nc").is_some())
@@ -31,9 +39,25 @@ fn a_holder_then_nodes_1_and_2_restarted(servers: &mut Servers) -> Child {
     wait_for("every roster names the other servers' markers", || {
         (0..3).all(|on| (0..3).filter(|&of| of != on).all(|of| roster(on, of)))
     });
-    servers.restart(1);
-    servers.restart(2);
     holder
+}
+
+/// The issue's second finding, by the command: `FLUSHALL` on servers 1 and 2 (their `run_id`
+/// unchanged) let a fresh run in beside the holder.
+#[test]
+fn a_fresh_run_is_refused_after_flushall_on_a_majority() {
+    let servers = Servers::start(3);
+    let holder = a_holder(&servers);
+    for i in [1, 2] {
+        let _: () = servers.cmd(i, &["FLUSHALL"]);
+    }
+    let files = Files::new();
+    let out = run_nc(&servers, &files);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(BUSY), "{stderr}");
+    assert!(stderr.contains("quarantined"), "says why: {stderr}");
+    assert!(!files.path("ran").exists(), "the command ran beside the holder");
+    stop(holder);
 }
 
 /// Stops the holder (SIGTERM: its job stops and its lock is released where it still is).
