@@ -193,7 +193,15 @@ impl Verdict {
 /// The verdict on the voter named `name` whose memory reads `me`, given its `peers` (every
 /// other voter whose memory can be read) and the quarantine `period`. Pure: see the module
 /// docs for the rules.
-pub(crate) fn judge(name: &str, me: &Reading, peers: &[Peer<'_>], period: Duration) -> Verdict {
+///
+/// Also says whether a roster read says the voter's marker replaced another (which a client
+/// spreads to the rosters that do not say it yet: see [`MemoryBook::peers_of`]).
+pub(crate) fn judge(
+    name: &str,
+    me: &Reading,
+    peers: &[Peer<'_>],
+    period: Duration,
+) -> (Verdict, bool) {
     let later = |a: Option<Instant>, b: Instant| Some(a.map_or(b, |a| a.max(b)));
     let own_end = me.at + period.saturating_sub(me.own_age());
     let mut until = None;
@@ -238,11 +246,12 @@ pub(crate) fn judge(name: &str, me: &Reading, peers: &[Peer<'_>], period: Durati
             until = later(until, end);
         }
     }
-    match until {
+    let verdict = match until {
         Some(until) => Verdict::Until(until),
         None if unread && me.own_age() < period => Verdict::Unsettled(own_end),
         None => Verdict::Counts,
-    }
+    };
+    (verdict, replaced)
 }
 
 /// The memory readings of a `Redlock`'s voters, shared by their identity checks: each
@@ -265,6 +274,9 @@ struct Voter {
     /// no peer waits for its roster.
     unreadable: bool,
     verdict: Verdict,
+    /// A roster read says its marker replaced another, and it is still quarantined for it:
+    /// the rosters that do not say so yet are told (see [`MemoryBook::peers_of`]).
+    replaced: bool,
     nudge: Option<Nudge>,
     /// A nudged reading is under way.
     nudged: bool,
@@ -291,6 +303,7 @@ impl MemoryBook {
             reading: None,
             unreadable: false,
             verdict: Verdict::Counts,
+            replaced: false,
             nudge: None,
             nudged: false,
         });
@@ -349,7 +362,8 @@ impl MemoryBook {
     }
 
     fn judge_all(&self, voters: &mut [Voter]) {
-        let verdicts: Vec<Verdict> = voters
+        let now = clock::now();
+        let verdicts: Vec<(Verdict, bool)> = voters
             .iter()
             .enumerate()
             .map(|(slot, voter)| match &voter.reading {
@@ -360,13 +374,16 @@ impl MemoryBook {
                         .filter(|&(other, peer)| other != slot && !peer.unreadable)
                         .map(|(_, peer)| peer.reading.as_ref().map_or(Peer::Unread, Peer::Read))
                         .collect();
-                    judge(&voter.name, me, &peers, self.period)
+                    let (verdict, replaced) = judge(&voter.name, me, &peers, self.period);
+                    let still = matches!(verdict, Verdict::Until(until) if until > now);
+                    (verdict, replaced && still)
                 }
-                _ => Verdict::Counts,
+                _ => (Verdict::Counts, false),
             })
             .collect();
-        for (voter, verdict) in voters.iter_mut().zip(verdicts) {
+        for (voter, (verdict, replaced)) in voters.iter_mut().zip(verdicts) {
             voter.verdict = verdict;
+            voter.replaced = replaced;
         }
     }
 
@@ -384,15 +401,23 @@ impl MemoryBook {
     }
 
     /// What voter `slot`'s memory script is sent with: the other voters' roster names, each
-    /// with the marker id last read there ("" when none).
+    /// with the marker id last read there ("" when none), marked `!` when a roster read says
+    /// that marker replaced another and the voter is still quarantined for it. The script then
+    /// records the replacement where the entry says "first seen": a roster that was itself
+    /// new (its server lost its memory too) must not be the only one left, when the servers
+    /// that remembered the loss lose theirs in turn (a rolling restart).
     pub(crate) fn peers_of(&self, slot: usize) -> Vec<(String, String)> {
         self.voters()
             .iter()
             .enumerate()
             .filter(|&(other, _)| other != slot)
             .map(|(_, peer)| {
-                let seen = peer.reading.as_ref().map(|r| r.marker.id.clone());
-                (peer.name.clone(), seen.unwrap_or_default())
+                let seen = match &peer.reading {
+                    Some(reading) if peer.replaced => format!("!{}", reading.marker.id),
+                    Some(reading) => reading.marker.id.clone(),
+                    None => String::new(),
+                };
+                (peer.name.clone(), seen)
             })
             .collect()
     }
@@ -404,7 +429,8 @@ impl MemoryBook {
     }
 }
 
-/// Whether the roster of `voters[slot]`, as last read, lags behind a marker read on another.
+/// Whether the roster of `voters[slot]`, as last read, lags behind a marker read on another,
+/// or does not say yet that it replaced another (see [`MemoryBook::peers_of`]).
 fn news_for(voters: &[Voter], slot: usize) -> bool {
     let Some(Some(mine)) = voters.get(slot).map(|v| v.reading.as_ref()) else {
         return false;
@@ -412,8 +438,9 @@ fn news_for(voters: &[Voter], slot: usize) -> bool {
     voters.iter().enumerate().any(|(other, peer)| {
         other != slot
             && peer.reading.as_ref().is_some_and(|theirs| {
-                mine.entry_for(&peer.name)
-                    .is_none_or(|entry| entry.id != theirs.marker.id)
+                mine.entry_for(&peer.name).is_none_or(|entry| {
+                    entry.id != theirs.marker.id || (peer.replaced && !entry.replaced)
+                })
             })
     })
 }

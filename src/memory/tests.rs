@@ -31,6 +31,11 @@ fn entry(id: &str, age: Duration, replaced: bool) -> Entry {
     }
 }
 
+/// The verdict alone.
+fn judge(name: &str, me: &Reading, peers: &[Peer<'_>], period: Duration) -> Verdict {
+    super::judge(name, me, peers, period).0
+}
+
 fn until(verdict: Verdict, at: Instant) -> Duration {
     match verdict {
         Verdict::Until(until) => until - at,
@@ -219,4 +224,50 @@ fn a_roster_that_was_itself_new_does_not_prolong_a_quarantine() {
     let c = reading("c", S, at, &[("A", entry("new", S, false))]);
     let verdict = judge("A", &a, &[Peer::Read(&b), Peer::Read(&c)], PERIOD);
     assert_eq!(until(verdict, at), 10 * S);
+}
+
+#[test]
+fn a_replacement_is_spread_to_the_rosters_that_saw_the_marker_first() {
+    let book = MemoryBook::new(PERIOD);
+    let (a, b, c) = (book.register("A"), book.register("B"), book.register("C"));
+    let at = clock::now();
+    // A and B lost their memory together; C remembers both old markers. B's new roster saw
+    // A's new marker first, replacing nothing.
+    book.record(
+        c,
+        reading(
+            "c",
+            PERIOD * 10,
+            at,
+            &[
+                ("A", entry("a1", PERIOD, false)),
+                ("B", entry("b1", PERIOD, false)),
+            ],
+        ),
+    );
+    book.record(a, reading("a2", S, at, &[]));
+    book.record(b, reading("b2", S, at, &[("A", entry("a2", S, false))]));
+    assert!(matches!(book.standing(a), Standing::Quarantined(_)));
+    // B's roster is told that A's marker replaced another: if C lost its memory next, B's
+    // roster would still say so.
+    assert!(book.has_news_for(b));
+    let told = book.peers_of(b);
+    assert!(
+        told.contains(&("A".to_owned(), "!a2".to_owned())),
+        "{told:?}"
+    );
+    // Once B's roster says it, there is no more news for B about A.
+    book.record(
+        b,
+        reading(
+            "b2",
+            S,
+            at,
+            &[("A", entry("a2", S, true)), ("C", entry("c", S, false))],
+        ),
+    );
+    assert!(!book.has_news_for(b));
+    // A voter that counts is not marked.
+    let told = book.peers_of(a);
+    assert!(told.contains(&("C".to_owned(), "c".to_owned())), "{told:?}");
 }

@@ -7,9 +7,12 @@
 -- ARGV[1]: the id of a new marker, made when there is none (a new voter, or one that lost it);
 -- ARGV[2]: the id of a marker to replace, or "": a loss a client saw that the marker survived
 --          (evicted keys, a clock step, a failover, a restart that reloaded a snapshot);
--- ARGV[3..]: per roster entry, the marker id the client last read on that voter, or "".
--- An entry is set when missing (replaced "0": first seen) and when its id differs (replaced
--- "1": that voter lost its memory), kept otherwise.
+-- ARGV[3..]: per roster entry, the marker id the client last read on that voter, or "";
+--           "!" before it when the client knows that marker replaced another.
+-- An entry is set when missing (replaced "0": first seen, or "1" when the client knows) and
+-- when its id differs (replaced "1": that voter lost its memory); an entry of the same id
+-- first seen is marked replaced when the client knows (its roster was itself new, and the
+-- others that remembered the loss may lose their memory in turn); kept otherwise.
 -- Returns {marker, now-ms, entry...}, an entry nil when there is none.
 -- Only GET, SET and TIME: an ACL user with the lock's rules and +time can run it.
 local t = redis.call("TIME")
@@ -24,14 +27,21 @@ if not marker then
 end
 local reply = {marker, now}
 for i = 2, #KEYS do
-  local seen = ARGV[i + 1]
+  local seen, known = ARGV[i + 1], "0"
+  if string.sub(seen, 1, 1) == "!" then
+    seen, known = string.sub(seen, 2), "1"
+  end
   local entry = redis.call("GET", KEYS[i])
   if seen ~= "" then
+    local stamp = string.format("%d", now)
     if not entry then
-      entry = seen .. "|" .. string.format("%d", now) .. "|0"
+      entry = seen .. "|" .. stamp .. "|" .. known
       redis.call("SET", KEYS[i], entry)
     elseif string.sub(entry, 1, #seen + 1) ~= seen .. "|" then
-      entry = seen .. "|" .. string.format("%d", now) .. "|1"
+      entry = seen .. "|" .. stamp .. "|1"
+      redis.call("SET", KEYS[i], entry)
+    elseif known == "1" and string.sub(entry, -2) == "|0" then
+      entry = seen .. "|" .. stamp .. "|1"
       redis.call("SET", KEYS[i], entry)
     end
   end

@@ -56,7 +56,10 @@ fn a_fresh_run_is_refused_after_flushall_on_a_majority() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(BUSY), "{stderr}");
     assert!(stderr.contains("quarantined"), "says why: {stderr}");
-    assert!(!files.path("ran").exists(), "the command ran beside the holder");
+    assert!(
+        !files.path("ran").exists(),
+        "the command ran beside the holder"
+    );
     stop(holder);
 }
 
