@@ -25,8 +25,10 @@
 //!   is the period;
 //! - **young and unconfirmed** (its marker is younger than the period, and some other voter's
 //!   roster has not been read yet): [`Standing::Unsettled`], not counted until every voter
-//!   of the round answered (each one's memory is read before its first call). A voter set where
-//!   no client has locked yet has no rosters, so a brand-new voter set grants at once;
+//!   of the round answered (each one's memory is read before its first call), or
+//!   [`Standing::Pending`] while a reading of such a roster is under way (then quarantined if
+//!   still so: the next attempt knows). A voter set where no client has locked yet has no
+//!   rosters, so a brand-new voter set grants at once;
 //! - otherwise its votes count.
 //!
 //! The limits: a voter set that loses the memory of *every* voter at once (all restarted
@@ -56,16 +58,23 @@ pub(crate) enum Standing {
     /// voter's roster is still unread. A round holds such a grant until it is settled, or
     /// until every voter answered: it then counts (no roster read remembers another marker).
     Unsettled(Duration),
+    /// Unsettled, while a reading of another voter's roster is under way (it has not timed
+    /// out: a server slower than the node timeout to answer a first reading, on a first
+    /// contact). Held as an unsettled grant is, but quarantined (for this long) if still so
+    /// once every voter answered: the reading may yet remember another marker.
+    Pending(Duration),
 }
 
 impl Standing {
     /// The stricter of two standings: quarantined over unsettled over counted, the longer
     /// wait over the shorter.
     pub(crate) fn and(self, other: Standing) -> Standing {
-        use Standing::{Counts, Quarantined, Unsettled};
+        use Standing::{Counts, Pending, Quarantined, Unsettled};
         match (self, other) {
             (Quarantined(a), Quarantined(b)) => Quarantined(a.max(b)),
             (Quarantined(a), _) | (_, Quarantined(a)) => Quarantined(a),
+            (Pending(a), Pending(b)) => Pending(a.max(b)),
+            (Pending(a), _) | (_, Pending(a)) => Pending(a),
             (Unsettled(a), Unsettled(b)) => Unsettled(a.max(b)),
             (Unsettled(a), Counts) | (Counts, Unsettled(a)) => Unsettled(a),
             (Counts, Counts) => Counts,
@@ -160,8 +169,9 @@ impl Reading {
 /// What is known of another voter, to judge one.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Peer<'a> {
-    /// Its memory was never read (down, slow, not asked yet).
-    Unread,
+    /// Its memory was never read (down, slow, not asked yet); `pending` while a reading of it
+    /// is under way.
+    Unread { pending: bool },
     /// Its last reading.
     Read(&'a Reading),
 }
@@ -176,6 +186,8 @@ pub(crate) enum Verdict {
     Until(Instant),
     /// Unsettled until then (see [`Standing::Unsettled`]).
     Unsettled(Instant),
+    /// Pending until then (see [`Standing::Pending`]).
+    Pending(Instant),
 }
 
 impl Verdict {
@@ -186,6 +198,7 @@ impl Verdict {
             Verdict::Counts => Standing::Counts,
             Verdict::Until(until) => left(until).map_or(Standing::Counts, Standing::Quarantined),
             Verdict::Unsettled(until) => left(until).map_or(Standing::Counts, Standing::Unsettled),
+            Verdict::Pending(until) => left(until).map_or(Standing::Counts, Standing::Pending),
         }
     }
 }
@@ -211,12 +224,13 @@ pub(crate) fn judge(
     {
         until = later(until, me.at + (period - uptime));
     }
-    let (mut replaced, mut unread) = (false, false);
+    let (mut replaced, mut unread, mut pending) = (false, false, false);
     let mut confirmed_ends = Vec::new();
     for peer in peers {
         let peer = match peer {
-            Peer::Unread => {
+            Peer::Unread { pending: under_way } => {
                 unread = true;
+                pending |= under_way;
                 continue;
             }
             Peer::Read(peer) => peer,
@@ -248,6 +262,7 @@ pub(crate) fn judge(
     }
     let verdict = match until {
         Some(until) => Verdict::Until(until),
+        None if pending && me.own_age() < period => Verdict::Pending(own_end),
         None if unread && me.own_age() < period => Verdict::Unsettled(own_end),
         None => Verdict::Counts,
     };
@@ -274,6 +289,8 @@ struct Voter {
     /// no peer waits for its roster.
     unreadable: bool,
     verdict: Verdict,
+    /// A reading of its memory is under way.
+    pending: bool,
     /// A roster read says its marker replaced another, and it is still quarantined for it:
     /// the rosters that do not say so yet are told (see [`MemoryBook::peers_of`]).
     replaced: bool,
@@ -303,6 +320,7 @@ impl MemoryBook {
             reading: None,
             unreadable: false,
             verdict: Verdict::Counts,
+            pending: false,
             replaced: false,
             nudge: None,
             nudged: false,
@@ -325,6 +343,16 @@ impl MemoryBook {
         }
     }
 
+    /// A reading of voter `slot`'s memory is under way (`true`) or over, read or not
+    /// (`false`): while it is, the young voters it could settle are [`Standing::Pending`].
+    pub(crate) fn reading(&self, slot: usize, under_way: bool) {
+        let mut voters = self.voters();
+        if let Some(voter) = voters.get_mut(slot) {
+            voter.pending = under_way;
+        }
+        self.judge_all(&mut voters);
+    }
+
     /// Notes a reading of voter `slot`'s memory, judges every voter again and nudges those
     /// whose roster lags behind.
     pub(crate) fn record(&self, slot: usize, reading: Reading) {
@@ -333,6 +361,7 @@ impl MemoryBook {
             if let Some(voter) = voters.get_mut(slot) {
                 voter.reading = Some(reading);
                 voter.nudged = false;
+                voter.pending = false;
             }
             self.judge_all(&mut voters);
             let lagging: Vec<usize> = (0..voters.len())
@@ -372,7 +401,12 @@ impl MemoryBook {
                         .iter()
                         .enumerate()
                         .filter(|&(other, peer)| other != slot && !peer.unreadable)
-                        .map(|(_, peer)| peer.reading.as_ref().map_or(Peer::Unread, Peer::Read))
+                        .map(|(_, peer)| match &peer.reading {
+                            Some(reading) => Peer::Read(reading),
+                            None => Peer::Unread {
+                                pending: peer.pending,
+                            },
+                        })
                         .collect();
                     let (verdict, replaced) = judge(&voter.name, me, &peers, self.period);
                     let still = matches!(verdict, Verdict::Until(until) if until > now);

@@ -31,6 +31,9 @@ fn entry(id: &str, age: Duration, replaced: bool) -> Entry {
     }
 }
 
+/// A voter never read, with no reading of it under way.
+const UNREAD: Peer<'static> = Peer::Unread { pending: false };
+
 /// The verdict alone.
 fn judge(name: &str, me: &Reading, peers: &[Peer<'_>], period: Duration) -> Verdict {
     super::judge(name, me, peers, period).0
@@ -79,15 +82,12 @@ fn a_brand_new_voter_set_counts_once_every_roster_is_read() {
     );
     // While C is unread, A's young marker is unsettled: C might remember another one.
     assert_eq!(
-        judge("A", &a, &[Peer::Read(&b), Peer::Unread], PERIOD),
+        judge("A", &a, &[Peer::Read(&b), UNREAD], PERIOD),
         Verdict::Unsettled(at + PERIOD - S)
     );
     // An old marker needs no roster to count.
     let old = reading("a", 2 * PERIOD, at, &[]);
-    assert_eq!(
-        judge("A", &old, &[Peer::Unread, Peer::Unread], PERIOD),
-        Verdict::Counts
-    );
+    assert_eq!(judge("A", &old, &[UNREAD, UNREAD], PERIOD), Verdict::Counts);
 }
 
 #[test]
@@ -132,7 +132,7 @@ fn a_replaced_marker_ages_by_the_least_of_every_clock() {
         at,
         &[("A", entry("new", 2 * PERIOD, true))],
     );
-    let verdict = judge("A", &a, &[Peer::Read(&b), Peer::Unread], PERIOD);
+    let verdict = judge("A", &a, &[Peer::Read(&b), UNREAD], PERIOD);
     assert_eq!(verdict.at(at), Standing::Counts);
 }
 
@@ -151,7 +151,7 @@ fn a_reloaded_memory_is_quarantined_until_its_uptime_is_the_period() {
     // The marker is an hour old, the server started 20 s ago: reloaded from a snapshot.
     let mut a = reading("a", 3600 * S, at, &[]);
     a.uptime = Some(20 * S);
-    let verdict = judge("A", &a, &[Peer::Unread], PERIOD);
+    let verdict = judge("A", &a, &[UNREAD], PERIOD);
     assert_eq!(until(verdict, at), 40 * S);
     // A marker made after the start (within the uptime, whole seconds allowed for) is not.
     let mut a = reading("a", 20 * S, at, &[]);
@@ -163,7 +163,7 @@ fn a_reloaded_memory_is_quarantined_until_its_uptime_is_the_period() {
     // A long uptime: whatever was reloaded is older than the period.
     let mut a = reading("a", 3600 * S, at, &[]);
     a.uptime = Some(61 * S);
-    assert_eq!(judge("A", &a, &[Peer::Unread], PERIOD), Verdict::Counts);
+    assert_eq!(judge("A", &a, &[UNREAD], PERIOD), Verdict::Counts);
 }
 
 #[test]
@@ -270,4 +270,33 @@ fn a_replacement_is_spread_to_the_rosters_that_saw_the_marker_first() {
     // A voter that counts is not marked.
     let told = book.peers_of(a);
     assert!(told.contains(&("C".to_owned(), "c".to_owned())), "{told:?}");
+}
+
+#[test]
+fn a_young_voter_waits_for_a_reading_under_way_and_is_quarantined_if_it_is_still_so() {
+    let at = clock::now();
+    let a = reading("a", S, at, &[]);
+    // B's reading is under way (a first contact slower than the node timeout): pending.
+    assert_eq!(
+        judge("A", &a, &[Peer::Unread { pending: true }, UNREAD], PERIOD),
+        Verdict::Pending(at + PERIOD - S)
+    );
+    let book = MemoryBook::new(PERIOD);
+    let (a, b) = (book.register("A"), book.register("B"));
+    book.record(a, reading("a", S, at, &[]));
+    assert!(matches!(book.standing(a), Standing::Unsettled(_)));
+    book.reading(b, true);
+    assert!(matches!(book.standing(a), Standing::Pending(_)));
+    // B's reading failed (down): unsettled again, counted once every voter answered.
+    book.reading(b, false);
+    assert!(matches!(book.standing(a), Standing::Unsettled(_)));
+    // Pending is stricter than unsettled, looser than quarantined.
+    assert_eq!(
+        Standing::Unsettled(S).and(Standing::Pending(S)),
+        Standing::Pending(S)
+    );
+    assert_eq!(
+        Standing::Pending(S).and(Standing::Quarantined(S)),
+        Standing::Quarantined(S)
+    );
 }

@@ -15,8 +15,13 @@
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
 use redis::aio::ConnectionLike;
 use redis::{Script, Value};
+use tokio_util::task::TaskTracker;
+
+use super::connection::Connection;
 
 use crate::clock;
 use crate::memory::{MemoryBook, Reading, Standing};
@@ -65,6 +70,11 @@ pub(crate) struct Identity {
     marker_key: String,
     roster_prefix: String,
     state: Mutex<State>,
+    /// The reading under way, shared by the callers that wait for it.
+    under_way: Mutex<Option<Shared<BoxFuture<'static, ()>>>>,
+    /// Where readings run (`Redlock::close` waits for them), and how long one may take.
+    tasks: TaskTracker,
+    bound: Duration,
 }
 
 #[derive(Default)]
@@ -90,6 +100,9 @@ struct State {
     memory_refused: bool,
 }
 
+/// One reading to make: what it asks, as a pipeline of that many commands.
+type Call = (Asked, redis::Pipeline, usize);
+
 /// The calls of one reading, in the order they are pipelined.
 struct Asked {
     info: bool,
@@ -104,11 +117,13 @@ struct Asked {
 impl Identity {
     /// A server's identity, quarantined by `rule`, its memory judged in `memory` as the voter
     /// `name` (its address as clients name it), its keys under `key_prefix`.
+    /// Its readings run on `tasks`, each bounded by `bound`.
     pub(crate) fn new(
         rule: QuarantineRule,
         memory: Arc<MemoryBook>,
-        name: &str,
-        key_prefix: &str,
+        (name, key_prefix): (&str, &str),
+        tasks: TaskTracker,
+        bound: Duration,
     ) -> Self {
         Identity {
             rule,
@@ -117,6 +132,9 @@ impl Identity {
             marker_key: format!("{key_prefix}{}", crate::memory::MARKER),
             roster_prefix: format!("{key_prefix}{}", crate::memory::ROSTER),
             state: Mutex::default(),
+            under_way: Mutex::default(),
+            tasks,
+            bound,
         }
     }
 
@@ -223,12 +241,56 @@ impl Identity {
     }
 
     /// Reads the identity and memory on `conn` (unless quarantine is off or the server cannot
-    /// tell). A server that refuses `INFO` or the memory script for good (an ACL, a proxy) is
-    /// not asked that again; any other failure leaves the check due before the next call.
-    pub(crate) async fn check<C: ConnectionLike + Send>(&self, conn: &mut C) {
-        let Some((asked, pipeline, count)) = self.ask() else {
-            return;
+    /// tell), or waits for the reading under way. The reading runs in a task of its own,
+    /// bounded like a connect (at least a second), which a caller that gives up (its call's
+    /// deadline) does not cancel: a server slower than the node timeout to answer a first
+    /// reading is still read, and until it is, the young voters its roster could settle are
+    /// [`Standing::Pending`]. A server that refuses `INFO` or the memory script for good (an
+    /// ACL, a proxy) is not asked that again; any other failure leaves the check due before
+    /// the next call.
+    pub(crate) async fn check(self: &Arc<Self>, conn: &Connection) {
+        let under_way = {
+            let mut under_way = self
+                .under_way
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            match &*under_way {
+                Some(reading) => reading.clone(),
+                None => {
+                    let Some(call) = self.ask() else {
+                        return;
+                    };
+                    self.memory.reading(self.slot, true);
+                    let (identity, mut conn) = (Arc::clone(self), conn.clone());
+                    let task = self.tasks.spawn(async move {
+                        let read =
+                            tokio::time::timeout(identity.bound, identity.read(&mut conn, call));
+                        if read.await.is_err() {
+                            tracing::debug!("the server's identity could not be read in time");
+                            identity.suspect();
+                        }
+                        identity.memory.reading(identity.slot, false);
+                        *identity
+                            .under_way
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner) = None;
+                    });
+                    let reading = async move {
+                        let _ = task.await;
+                    }
+                    .boxed()
+                    .shared();
+                    *under_way = Some(reading.clone());
+                    reading
+                }
+            }
         };
+        under_way.await;
+    }
+
+    /// One reading of `call` on `conn`.
+    async fn read<C: ConnectionLike + Send>(&self, conn: &mut C, call: Call) {
+        let (asked, pipeline, count) = call;
         let sent = clock::now();
         let replies = conn.req_packed_commands(&pipeline, 0, count).await;
         let received = clock::now();
@@ -243,7 +305,7 @@ impl Identity {
 
     /// The calls of the next reading: `INFO`, the memory script (loaded first where it may be
     /// missing), with what this client knows of the other voters' markers.
-    fn ask(&self) -> Option<(Asked, redis::Pipeline, usize)> {
+    fn ask(&self) -> Option<Call> {
         let state = self.state();
         if self.off(&state) {
             return None;

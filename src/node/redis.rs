@@ -49,8 +49,9 @@ impl RedisNode {
         let identity = Arc::new(Identity::new(
             quarantine,
             Arc::clone(memory),
-            &addr,
-            key_prefix,
+            (&addr, key_prefix),
+            tasks.clone(),
+            connect_timeout(node_timeout),
         ));
         let shared = Arc::new(
             LazyConnection::new(client, connect_timeout(node_timeout))
@@ -111,8 +112,8 @@ fn nudge_on_news(
             return done();
         };
         let read = async move {
-            let mut conn = connection.connection().await.ok()?;
-            identity.check(&mut conn).await;
+            let conn = connection.connection().await.ok()?;
+            identity.check(&conn).await;
             Some(())
         };
         let bound = connect_timeout(node_timeout);

@@ -269,10 +269,10 @@ impl ServerLink {
         let expected = self.write(runs);
         let result = if beside {
             // Pipelined on the multiplexed connection: one round trip for both.
-            let mut side = conn.clone();
+            let side = conn.clone();
             let (result, ()) = tokio::join!(
                 self.script.query_async::<Vec<Value>>(&mut conn),
-                self.identity.check(&mut side)
+                self.identity.check(&side)
             );
             result
         } else {
@@ -290,14 +290,14 @@ impl ServerLink {
         if noscript {
             // The script is loaded first (beside the identity check, in one round trip), so
             // that a call given up at its deadline still leaves it there for the next.
-            let mut side = conn.clone();
+            let side = conn.clone();
             let (loaded, ()) =
-                tokio::join!(BATCH.load_async(&mut conn), self.identity.check(&mut side));
+                tokio::join!(BATCH.load_async(&mut conn), self.identity.check(&side));
             loaded?;
         } else {
             tracing::debug!(%err, "connection lost; retrying the batch once");
             conn = self.connection.connection().await?;
-            self.identity.check(&mut conn).await;
+            self.identity.check(&conn).await;
         }
         let expected = self.write(runs);
         let replies = evalsha(&self.script, &mut conn).await?;

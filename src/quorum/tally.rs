@@ -102,7 +102,7 @@ impl Tally {
             Ok(reply) if reply > 0 && op != Op::Release && op != Op::Leave => match standing {
                 Standing::Counts => Ok(reply),
                 Standing::Quarantined(remaining) => Err(NodeFailure::Quarantined { remaining }),
-                Standing::Unsettled(remaining) => {
+                Standing::Unsettled(remaining) | Standing::Pending(remaining) => {
                     self.unsettled.push((index, remaining));
                     return;
                 }
@@ -127,7 +127,8 @@ impl Tally {
     /// settled now: a vote once it counts (or once every node answered, still unsettled: no
     /// roster read by then remembers another marker for it, and the servers that did not
     /// answer cannot be waited for), a [`NodeFailure::Quarantined`] error once it is
-    /// quarantined.
+    /// quarantined (or once every node answered, still pending: a reading that could show
+    /// the loss is under way, and a later attempt will know).
     pub(super) fn settle<'a>(&mut self, standing: impl Fn(usize) -> (&'a str, Standing)) {
         if self.unsettled.is_empty() {
             return;
@@ -137,12 +138,14 @@ impl Tally {
         waiting.retain(|&(index, _)| {
             let (addr, now) = standing(index);
             let failure = match now {
-                Standing::Unsettled(_) if !all_in => return true,
+                Standing::Unsettled(_) | Standing::Pending(_) if !all_in => return true,
                 Standing::Counts | Standing::Unsettled(_) => {
                     self.granted += 1;
                     return false;
                 }
-                Standing::Quarantined(remaining) => NodeFailure::Quarantined { remaining },
+                Standing::Quarantined(remaining) | Standing::Pending(remaining) => {
+                    NodeFailure::Quarantined { remaining }
+                }
             };
             self.errors.push(NodeError {
                 index,
@@ -391,6 +394,21 @@ mod tests {
         tally.settle(|_| ("a", Standing::Unsettled(WAIT)));
         assert_eq!((tally.granted, tally.errors.len()), (2, 1));
         assert!(tally.reached());
+        // Still pending when every node answered (a reading that could show the loss is under
+        // way): quarantined, a later attempt will know.
+        let mut tally = Tally::new(3);
+        tally.count(Op::Acquire, 0, "a", Ok(1), Standing::Pending(WAIT));
+        tally.count(Op::Acquire, 1, "b", Ok(1), Standing::Counts);
+        tally.count(
+            Op::Acquire,
+            2,
+            "c",
+            Err(NodeFailure::Timeout(WAIT)),
+            Standing::Counts,
+        );
+        tally.settle(|_| ("a", Standing::Pending(WAIT)));
+        assert_eq!((tally.granted, tally.errors.len()), (1, 2));
+        assert!(!tally.reached());
         // Settled as quarantined by a roster read meanwhile.
         let mut tally = Tally::new(3);
         tally.count(Op::Acquire, 0, "a", Ok(1), Standing::Unsettled(WAIT));

@@ -10,7 +10,14 @@ fn identity(period: Duration) -> (Identity, Arc<MemoryBook>) {
         period,
         drift_factor: 0.01,
     };
-    (Identity::new(rule, Arc::clone(&book), "A", ""), book)
+    let identity = Identity::new(
+        rule,
+        Arc::clone(&book),
+        ("A", ""),
+        TaskTracker::new(),
+        Duration::from_secs(1),
+    );
+    (identity, book)
 }
 
 fn info(run_id: &str, uptime: u64, replid: &str, evicted: u64) -> Value {

@@ -4,47 +4,21 @@
 //! count toward a majority, for a client that never saw it happen; a brand-new voter set grants
 //! at once. Real servers, three of them.
 
+#[path = "../support/mod.rs"]
 mod support;
+
+mod plain_rerun;
+mod review;
 
 use std::time::Duration;
 
-use redfence::{Error, Lock, NodeFailure, Redlock};
+use redfence::{Error, Lock, NodeFailure};
+use review::{assert_quarantined, fresh, rosters_current};
 use support::faketime::{Clocks, Pieces};
-use support::restarted::quarantined;
 use support::{PATIENT, Servers, TestRedlock, eventually, warm_up};
 
 const RES: &str = "ledger:memory";
 const TTL: Duration = Duration::from_secs(20);
-
-/// A client with the default quarantine, one attempt per acquisition.
-fn fresh(servers: &Servers) -> Redlock {
-    servers
-        .builder()
-        .retry_count(0)
-        .node_timeout(PATIENT)
-        .build()
-        .expect("valid config")
-}
-
-/// The roster key in which server `of`'s marker is remembered on the other servers.
-fn roster_key(servers: &Servers, of: usize) -> String {
-    format!("redfence:roster:127.0.0.1:{}/0", servers.port(of))
-}
-
-/// Waits until every server's roster remembers every other server's marker (the clients
-/// write them beside their first calls).
-async fn rosters_written(servers: &Servers) {
-    let n = servers.len();
-    let written = eventually(|| {
-        (0..n).all(|on| {
-            (0..n)
-                .filter(|&of| of != on)
-                .all(|of| servers.get(on, &roster_key(servers, of)).is_some())
-        })
-    })
-    .await;
-    assert!(written, "every roster names every other server's marker");
-}
 
 /// A, a client with default settings, holds `RES` on all three servers (a brand-new voter
 /// set, which grants at once), and the rosters remember every marker.
@@ -56,7 +30,7 @@ async fn a_holds(servers: &Servers) -> Lock {
         .expect("a new voter set grants at once");
     let everywhere = eventually(|| servers.holders(RES, lock.token(), 0..3) == vec![0, 1, 2]);
     assert!(everywhere.await, "A holds on every server");
-    rosters_written(servers).await;
+    rosters_current(servers).await;
     lock
 }
 
@@ -71,14 +45,6 @@ fn marker_age(servers: &Servers, i: usize) -> Duration {
     Duration::from_millis((secs * 1000 + micros / 1000).saturating_sub(made))
 }
 
-/// `err` is a refusal in which `nodes` were quarantined.
-fn assert_quarantined(err: &Error, nodes: &[usize]) {
-    let mut seen = quarantined(err);
-    seen.sort_unstable();
-    assert_eq!(seen, nodes, "{err}");
-    assert!(err.to_string().contains("quarantined"), "{err}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_brand_new_voter_set_grants_the_first_lock_at_once() {
     let servers = Servers::start(3);
@@ -87,7 +53,7 @@ async fn a_brand_new_voter_set_grants_the_first_lock_at_once() {
         .await
         .expect("no client ever locked here: nothing can have been forgotten");
     lock.release().await.expect("release");
-    rosters_written(&servers).await;
+    rosters_current(&servers).await;
     // A second fresh client finds the markers first seen, not replaced: it grants too.
     let lock = fresh(&servers)
         .try_acquire(&[RES], TTL)
@@ -197,7 +163,7 @@ async fn a_majority_reloaded_from_an_older_snapshot_is_quarantined() {
     let mut servers = Servers::start(3);
     let connected = fresh(&servers);
     warm_up(&connected).await;
-    rosters_written(&servers).await;
+    rosters_current(&servers).await;
     // A server's uptime is in whole seconds: a marker made in the second or two before its
     // start cannot be told from one made just after it. Real markers are days old.
     let aged = eventually(|| (0..2).all(|i| marker_age(&servers, i) > Duration::from_millis(2500)));
@@ -236,7 +202,7 @@ async fn a_semaphore_never_exceeds_its_permits_through_a_majority_restart() {
     let sem = a.semaphore("pool", 2).expect("semaphore");
     let first = sem.try_acquire(TTL).await.expect("permit 1");
     let second = sem.try_acquire(TTL).await.expect("permit 2");
-    rosters_written(&servers).await;
+    rosters_current(&servers).await;
     servers.restart(1);
     servers.restart(2);
 
@@ -270,7 +236,7 @@ async fn a_voter_whose_clock_steps_is_quarantined() {
     };
     let connected = fresh(&servers);
     warm_up(&connected).await;
-    rosters_written(&servers).await;
+    rosters_current(&servers).await;
     clocks.jump(2, Duration::from_secs(30));
     // Node 0 held by another owner: node 2's vote decides.
     let _: () = servers.cmd(0, &["SET", RES, "other", "PX", "60000"]);
