@@ -37,7 +37,8 @@
 //! told from a brand-new set with those voters down: both look brand-new. Fencing tokens are
 //! the answer to that, and to every loss the lock cannot see.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::clock;
@@ -280,7 +281,29 @@ pub(crate) struct MemoryBook {
 }
 
 /// Reads a voter's memory again in the background (see [`MemoryBook::on_news`]).
-type Nudge = std::sync::Arc<dyn Fn() + Send + Sync>;
+type Nudge = Arc<dyn Fn() + Send + Sync>;
+
+/// What a voter's identity reads on every call without the book's lock (the book is shared
+/// by every voter of a `Redlock`): kept by the book on every judgement.
+#[derive(Debug)]
+pub(crate) struct Flags {
+    /// The voter's verdict is that its votes count (false: look in the book).
+    counts: AtomicBool,
+    /// Its roster lags behind a marker read elsewhere (see [`MemoryBook::has_news_for`]).
+    news: AtomicBool,
+}
+
+impl Flags {
+    /// Whether the voter's votes count for sure (otherwise, ask [`MemoryBook::standing`]).
+    pub(crate) fn counts(&self) -> bool {
+        self.counts.load(Ordering::Acquire)
+    }
+
+    /// Whether the voter's roster lags behind (see [`MemoryBook::has_news_for`]).
+    pub(crate) fn news(&self) -> bool {
+        self.news.load(Ordering::Acquire)
+    }
+}
 
 struct Voter {
     name: String,
@@ -291,12 +314,13 @@ struct Voter {
     verdict: Verdict,
     /// A reading of its memory is under way.
     pending: bool,
-    /// A roster read says its marker replaced another, and it is still quarantined for it:
+    /// A roster read says its marker replaced another: while it is still quarantined for it,
     /// the rosters that do not say so yet are told (see [`MemoryBook::peers_of`]).
     replaced: bool,
     nudge: Option<Nudge>,
     /// A nudged reading is under way.
     nudged: bool,
+    flags: Arc<Flags>,
 }
 
 impl MemoryBook {
@@ -312,8 +336,13 @@ impl MemoryBook {
         self.voters.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Adds a voter named `name` (its address as clients name it); its slot.
-    pub(crate) fn register(&self, name: &str) -> usize {
+    /// Adds a voter named `name` (its address as clients name it); its slot, and the flags
+    /// its identity reads without the book's lock.
+    pub(crate) fn register(&self, name: &str) -> (usize, Arc<Flags>) {
+        let flags = Arc::new(Flags {
+            counts: AtomicBool::new(true),
+            news: AtomicBool::new(false),
+        });
         let mut voters = self.voters();
         voters.push(Voter {
             name: name.to_owned(),
@@ -324,8 +353,9 @@ impl MemoryBook {
             replaced: false,
             nudge: None,
             nudged: false,
+            flags: Arc::clone(&flags),
         });
-        voters.len() - 1
+        (voters.len() - 1, flags)
     }
 
     /// How voter `slot`'s memory is read again in the background when its roster lags behind
@@ -365,7 +395,9 @@ impl MemoryBook {
             }
             self.judge_all(&mut voters);
             let lagging: Vec<usize> = (0..voters.len())
-                .filter(|&lagging| !voters[lagging].nudged && news_for(&voters, lagging))
+                .filter(|&lagging| {
+                    !voters[lagging].nudged && news_for(&voters, lagging, clock::now(), self.period)
+                })
                 .collect();
             lagging
                 .into_iter()
@@ -408,9 +440,7 @@ impl MemoryBook {
                             },
                         })
                         .collect();
-                    let (verdict, replaced) = judge(&voter.name, me, &peers, self.period);
-                    let still = matches!(verdict, Verdict::Until(until) if until > now);
-                    (verdict, replaced && still)
+                    judge(&voter.name, me, &peers, self.period)
                 }
                 _ => (Verdict::Counts, false),
             })
@@ -418,38 +448,56 @@ impl MemoryBook {
         for (voter, (verdict, replaced)) in voters.iter_mut().zip(verdicts) {
             voter.verdict = verdict;
             voter.replaced = replaced;
+            let counts = verdict == Verdict::Counts;
+            voter.flags.counts.store(counts, Ordering::Release);
+        }
+        for slot in 0..voters.len() {
+            let news = news_for(voters, slot, now, self.period);
+            voters[slot].flags.news.store(news, Ordering::Release);
         }
     }
 
-    /// Voter `slot`'s standing now.
+    /// Voter `slot`'s standing now (a verdict whose time has passed counts again: its flag
+    /// says so from then on).
     pub(crate) fn standing(&self, slot: usize) -> Standing {
-        self.voters()
-            .get(slot)
-            .map_or(Standing::Counts, |voter| voter.verdict.at(clock::now()))
+        let voters = self.voters();
+        let Some(voter) = voters.get(slot) else {
+            return Standing::Counts;
+        };
+        let standing = voter.verdict.at(clock::now());
+        if standing == Standing::Counts {
+            voter.flags.counts.store(true, Ordering::Release);
+        }
+        standing
     }
 
     /// The id of voter `slot`'s marker, as last read.
+    #[cfg(test)]
     pub(crate) fn marker(&self, slot: usize) -> Option<String> {
         let voters = self.voters();
         Some(voters.get(slot)?.reading.as_ref()?.marker.id.clone())
     }
 
     /// What voter `slot`'s memory script is sent with: the other voters' roster names, each
-    /// with the marker id last read there ("" when none), marked `!` when a roster read says
-    /// that marker replaced another and the voter is still quarantined for it. The script then
-    /// records the replacement where the entry says "first seen": a roster that was itself
-    /// new (its server lost its memory too) must not be the only one left, when the servers
-    /// that remembered the loss lose theirs in turn (a rolling restart).
+    /// with the marker id last read there ("" when none); `!AGE|id` when a roster read says
+    /// that marker replaced another and the voter is still quarantined for it, AGE the loss's
+    /// age in ms as judged (the period less what is left). The script then records the
+    /// replacement, that old, where the entry says "first seen": a roster that was itself new
+    /// (its server lost its memory too) must not be the only one left when the servers that
+    /// remembered the loss lose theirs in turn (a rolling restart).
     pub(crate) fn peers_of(&self, slot: usize) -> Vec<(String, String)> {
+        let now = clock::now();
         self.voters()
             .iter()
             .enumerate()
             .filter(|&(other, _)| other != slot)
             .map(|(_, peer)| {
-                let seen = match &peer.reading {
-                    Some(reading) if peer.replaced => format!("!{}", reading.marker.id),
-                    Some(reading) => reading.marker.id.clone(),
-                    None => String::new(),
+                let seen = match (&peer.reading, peer.loss_age(now, self.period)) {
+                    (Some(reading), Some(age)) => {
+                        format!("!{}|{}", age.as_millis(), reading.marker.id)
+                    }
+                    (Some(reading), None) => reading.marker.id.clone(),
+                    (None, _) => String::new(),
                 };
                 (peer.name.clone(), seen)
             })
@@ -458,14 +506,30 @@ impl MemoryBook {
 
     /// Whether voter `slot`'s roster, as last read, lags behind a marker read elsewhere since:
     /// its memory is then worth reading beside the next call, to spread the news.
+    #[cfg(test)]
     pub(crate) fn has_news_for(&self, slot: usize) -> bool {
-        news_for(&self.voters(), slot)
+        self.voters()
+            .get(slot)
+            .is_some_and(|voter| voter.flags.news.load(Ordering::Acquire))
+    }
+}
+
+impl Voter {
+    /// How old its loss is, by the verdict, while a roster says its marker replaced another
+    /// and it is still quarantined for it; `None` otherwise.
+    fn loss_age(&self, now: Instant, period: Duration) -> Option<Duration> {
+        match self.verdict {
+            Verdict::Until(until) if self.replaced && until > now => {
+                Some(period.saturating_sub(until - now))
+            }
+            _ => None,
+        }
     }
 }
 
 /// Whether the roster of `voters[slot]`, as last read, lags behind a marker read on another,
-/// or does not say yet that it replaced another (see [`MemoryBook::peers_of`]).
-fn news_for(voters: &[Voter], slot: usize) -> bool {
+/// or does not say yet that it replaced another (see [`MemoryBook::peers_of`]), at `now`.
+fn news_for(voters: &[Voter], slot: usize, now: Instant, period: Duration) -> bool {
     let Some(Some(mine)) = voters.get(slot).map(|v| v.reading.as_ref()) else {
         return false;
     };
@@ -473,7 +537,8 @@ fn news_for(voters: &[Voter], slot: usize) -> bool {
         other != slot
             && peer.reading.as_ref().is_some_and(|theirs| {
                 mine.entry_for(&peer.name).is_none_or(|entry| {
-                    entry.id != theirs.marker.id || (peer.replaced && !entry.replaced)
+                    entry.id != theirs.marker.id
+                        || (!entry.replaced && peer.loss_age(now, period).is_some())
                 })
             })
     })

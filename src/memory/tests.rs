@@ -169,7 +169,11 @@ fn a_reloaded_memory_is_quarantined_until_its_uptime_is_the_period() {
 #[test]
 fn the_book_judges_a_voter_by_what_the_others_remember() {
     let book = MemoryBook::new(PERIOD);
-    let (a, b, c) = (book.register("A"), book.register("B"), book.register("C"));
+    let (a, b, c) = (
+        book.register("A").0,
+        book.register("B").0,
+        book.register("C").0,
+    );
     let at = clock::now();
     // A answers first, young: unsettled until B and C are read.
     book.record(a, reading("a2", S, at, &[]));
@@ -196,7 +200,7 @@ fn the_book_judges_a_voter_by_what_the_others_remember() {
     assert_eq!(book.marker(a).as_deref(), Some("a2"));
     // A voter whose memory cannot be read is waited for by none.
     let book = MemoryBook::new(PERIOD);
-    let (a, b) = (book.register("A"), book.register("B"));
+    let (a, b) = (book.register("A").0, book.register("B").0);
     book.record(a, reading("a", S, at, &[]));
     assert!(matches!(book.standing(a), Standing::Unsettled(_)));
     book.unreadable(b);
@@ -229,7 +233,11 @@ fn a_roster_that_was_itself_new_does_not_prolong_a_quarantine() {
 #[test]
 fn a_replacement_is_spread_to_the_rosters_that_saw_the_marker_first() {
     let book = MemoryBook::new(PERIOD);
-    let (a, b, c) = (book.register("A"), book.register("B"), book.register("C"));
+    let (a, b, c) = (
+        book.register("A").0,
+        book.register("B").0,
+        book.register("C").0,
+    );
     let at = clock::now();
     // A and B lost their memory together; C remembers both old markers. B's new roster saw
     // A's new marker first, replacing nothing.
@@ -248,12 +256,13 @@ fn a_replacement_is_spread_to_the_rosters_that_saw_the_marker_first() {
     book.record(a, reading("a2", S, at, &[]));
     book.record(b, reading("b2", S, at, &[("A", entry("a2", S, false))]));
     assert!(matches!(book.standing(a), Standing::Quarantined(_)));
-    // B's roster is told that A's marker replaced another: if C lost its memory next, B's
-    // roster would still say so.
+    // B's roster is told that A's marker replaced another, and how long ago by the verdict
+    // (C names A's old marker: no longer than it was read, 0 ms): if C lost its memory next,
+    // B's roster would still say so.
     assert!(book.has_news_for(b));
     let told = book.peers_of(b);
     assert!(
-        told.contains(&("A".to_owned(), "!a2".to_owned())),
+        told.contains(&("A".to_owned(), "!0|a2".to_owned())),
         "{told:?}"
     );
     // Once B's roster says it, there is no more news for B about A.
@@ -282,7 +291,7 @@ fn a_young_voter_waits_for_a_reading_under_way_and_is_quarantined_if_it_is_still
         Verdict::Pending(at + PERIOD - S)
     );
     let book = MemoryBook::new(PERIOD);
-    let (a, b) = (book.register("A"), book.register("B"));
+    let (a, b) = (book.register("A").0, book.register("B").0);
     book.record(a, reading("a", S, at, &[]));
     assert!(matches!(book.standing(a), Standing::Unsettled(_)));
     book.reading(b, true);

@@ -12,6 +12,7 @@
 //! - the [`MemoryBook`]'s, shared by the voters of one `Redlock`: what the rosters of the
 //!   other voters remember of this one.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -24,7 +25,7 @@ use tokio_util::task::TaskTracker;
 use super::connection::Connection;
 
 use crate::clock;
-use crate::memory::{MemoryBook, Reading, Standing};
+use crate::memory::{Flags, MemoryBook, Reading, Standing};
 use reading::{ClockSample, Info, parse_info, parse_memory, refuses, stepped, text};
 
 /// How often a server's identity is read again while nothing else suggested a loss (a
@@ -64,8 +65,12 @@ pub(crate) enum Due {
 pub(crate) struct Identity {
     rule: QuarantineRule,
     memory: Arc<MemoryBook>,
-    /// This voter's slot in `memory`.
+    /// This voter's slot in `memory`, and what the book says of it without its lock.
     slot: usize,
+    flags: Arc<Flags>,
+    /// This client's own judgement says the votes count (not suspect, no quarantine of its
+    /// own): with `flags`, [`Self::standing`] takes no lock (false: look in `state`).
+    own_counts: AtomicBool,
     /// The marker's key, and the roster keys' prefix (both after the key prefix).
     marker_key: String,
     roster_prefix: String,
@@ -91,6 +96,8 @@ struct State {
     suspect: bool,
     /// A loss the marker survived: this marker id is replaced by the next reading.
     replace: Option<String>,
+    /// The marker id last read (what a batch expects: see `Identity::marker_read`).
+    marker: Option<String>,
     /// The memory script is loaded on this server (as far as this client knows).
     loaded: bool,
     /// The server does not answer `INFO` (an ACL without it): never asked again.
@@ -125,9 +132,12 @@ impl Identity {
         tasks: TaskTracker,
         bound: Duration,
     ) -> Self {
+        let (slot, flags) = memory.register(name);
         Identity {
             rule,
-            slot: memory.register(name),
+            slot,
+            flags,
+            own_counts: AtomicBool::new(true),
             memory,
             marker_key: format!("{key_prefix}{}", crate::memory::MARKER),
             roster_prefix: format!("{key_prefix}{}", crate::memory::ROSTER),
@@ -155,6 +165,10 @@ impl Identity {
     /// connection, `NOSCRIPT`) whose identity could not be read since is quarantined too, for
     /// [`RECHECK`] (fail closed): its votes count again once it is read.
     pub(crate) fn standing(&self) -> Standing {
+        // The usual case, on every grant: two atomic loads.
+        if self.own_counts.load(Ordering::Acquire) && self.flags.counts() {
+            return Standing::Counts;
+        }
         let own = {
             let state = self.state();
             if self.off(&state) {
@@ -163,12 +177,19 @@ impl Identity {
             if state.suspect {
                 return Standing::Quarantined(RECHECK);
             }
-            state
+            let own = state
                 .until
                 .and_then(|until| until.checked_duration_since(clock::now()))
                 .filter(|d| !d.is_zero())
-                .map_or(Standing::Counts, Standing::Quarantined)
+                .map_or(Standing::Counts, Standing::Quarantined);
+            // A quarantine of its own that ended: the fast path from now on.
+            self.own_counts
+                .store(own == Standing::Counts, Ordering::Release);
+            own
         };
+        if self.flags.counts() {
+            return own;
+        }
         own.and(self.memory.standing(self.slot))
     }
 
@@ -192,7 +213,7 @@ impl Identity {
                 Some(_) => {}
             }
         }
-        if self.memory.has_news_for(self.slot) {
+        if self.flags.news() {
             Due::Beside
         } else {
             Due::No
@@ -203,13 +224,11 @@ impl Identity {
     /// extensions (see [`Self::marker_read`]), with the marker's key; `None` when quarantine is
     /// off or the memory cannot be read.
     pub(crate) fn marker_to_check(&self) -> Option<(&str, String)> {
-        {
-            let state = self.state();
-            if self.rule.period.is_zero() || state.memory_refused {
-                return None;
-            }
+        let state = self.state();
+        if self.rule.period.is_zero() || state.memory_refused {
+            return None;
         }
-        Some((&self.marker_key, self.memory.marker(self.slot)?))
+        Some((&self.marker_key, state.marker.clone()?))
     }
 
     /// Notes the marker a batch read (`value`, the batch's last reply) where it expected
@@ -238,6 +257,7 @@ impl Identity {
         let mut state = self.state();
         state.suspect = true;
         state.loaded = false;
+        self.own_counts.store(false, Ordering::Release);
     }
 
     /// Reads the identity and memory on `conn` (unless quarantine is off or the server cannot
@@ -430,8 +450,8 @@ impl Identity {
         received: Instant,
     ) {
         let period = self.rule.period;
-        let previous_marker = self.memory.marker(self.slot);
         let mut state = self.state();
+        let previous_marker = state.marker.clone();
         let now = clock::now();
         let mut until: Option<Instant> = None;
         let mut lost = |why: &str, end: Instant| {
@@ -498,9 +518,12 @@ impl Identity {
                 received,
             });
             state.loaded = true;
+            state.marker = Some(reading.marker.id.clone());
         }
         state.checked_at = Some(now);
         state.suspect = false;
+        let own_counts = state.until.is_none_or(|until| until <= now);
+        self.own_counts.store(own_counts, Ordering::Release);
         drop(state);
         if let Some(reading) = reading {
             self.memory.record(self.slot, reading);

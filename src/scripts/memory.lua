@@ -8,7 +8,7 @@
 -- ARGV[2]: the id of a marker to replace, or "": a loss a client saw that the marker survived
 --          (evicted keys, a clock step, a failover, a restart that reloaded a snapshot);
 -- ARGV[3..]: per roster entry, the marker id the client last read on that voter, or "";
---           "!" before it when the client knows that marker replaced another.
+--           "!AGE|id" when the client knows that marker replaced another, AGE ms ago.
 -- An entry is set when missing (replaced "0": first seen, or "1" when the client knows) and
 -- when its id differs (replaced "1": that voter lost its memory); an entry of the same id
 -- first seen is marked replaced when the client knows (its roster was itself new, and the
@@ -27,21 +27,23 @@ if not marker then
 end
 local reply = {marker, now}
 for i = 2, #KEYS do
-  local seen, known = ARGV[i + 1], "0"
+  local seen, known, age = ARGV[i + 1], "0", 0
   if string.sub(seen, 1, 1) == "!" then
-    seen, known = string.sub(seen, 2), "1"
+    local bar = string.find(seen, "|", 2, true)
+    age = tonumber(string.sub(seen, 2, bar - 1)) or 0
+    seen, known = string.sub(seen, bar + 1), "1"
   end
   local entry = redis.call("GET", KEYS[i])
   if seen ~= "" then
     local stamp = string.format("%d", now)
     if not entry then
-      entry = seen .. "|" .. stamp .. "|" .. known
+      entry = seen .. "|" .. string.format("%d", now - age) .. "|" .. known
       redis.call("SET", KEYS[i], entry)
     elseif string.sub(entry, 1, #seen + 1) ~= seen .. "|" then
       entry = seen .. "|" .. stamp .. "|1"
       redis.call("SET", KEYS[i], entry)
     elseif known == "1" and string.sub(entry, -2) == "|0" then
-      entry = seen .. "|" .. stamp .. "|1"
+      entry = seen .. "|" .. string.format("%d", now - age) .. "|1"
       redis.call("SET", KEYS[i], entry)
     end
   end
