@@ -59,48 +59,6 @@ local MIN_WAIT_MARK = 10000
 local now = nil
 -- Keys only (see the top).
 local keys_only = ARGV[1] == "-"
--- Set once GETRANGE was refused in this call (an ACL user with the rules of an earlier
--- version): held reads with GET instead, as before.
-local whole = false
-
--- What key holds, against token: true when token, false when another value, nil when there
--- is no key, or the server's error (a table: WRONGTYPE for a key of another type). Reads at
--- most #token + 1 bytes of the value (GETRANGE), never a large foreign value: a GET of 2 MiB
--- cost the server 3 ms and more per call.
-local function held(key, token)
-  local head
-  if whole then
-    head = redis.pcall("GET", key)
-  else
-    head = redis.pcall("GETRANGE", key, 0, #token)
-  end
-  if type(head) == "table" then
-    if whole or string.sub(tostring(head.err), 1, 9) == "WRONGTYPE" then
-      return head
-    end
-    whole = true
-    return held(key, token)
-  end
-  if head == false then
-    return nil
-  elseif head == token and #token > 0 then
-    return true
-  elseif head == "" and not whole and redis.pcall("EXISTS", key) == 0 then
-    -- GETRANGE answers "" for no key and for an empty value alike.
-    return nil
-  end
-  return head == token
-end
-
--- Marks key as waited for, for ms or MIN_WAIT_MARK (see the top): its next release
--- publishes. Best effort.
-local function mark(key, ms)
-  if keys_only then
-    return
-  end
-  redis.pcall("SET", key .. WAITING, "1", "PX", math.max(tonumber(ms) or 0, MIN_WAIT_MARK))
-end
-
 -- Everything but the usual operations, made on the first operation that needs it: a call
 -- made only of one-key acquires, extensions and releases outside fair mode (most calls)
 -- creates none of these functions (each costs the server a closure per call; the whole set
@@ -110,6 +68,48 @@ local function lib()
   if library then
     return library
   end
+  -- Set once GETRANGE was refused in this call (an ACL user with the rules of an earlier
+  -- version): held reads with GET instead, as before.
+  local whole = false
+
+  -- What key holds, against token: true when token, false when another value, nil when there
+  -- is no key, or the server's error (a table: WRONGTYPE for a key of another type). Reads at
+  -- most #token + 1 bytes of the value (GETRANGE), never a large foreign value: a GET of 2 MiB
+  -- cost the server 3 ms and more per call.
+  local function held(key, token)
+    local head
+    if whole then
+      head = redis.pcall("GET", key)
+    else
+      head = redis.pcall("GETRANGE", key, 0, #token)
+    end
+    if type(head) == "table" then
+      if whole or string.sub(tostring(head.err), 1, 9) == "WRONGTYPE" then
+        return head
+      end
+      whole = true
+      return held(key, token)
+    end
+    if head == false then
+      return nil
+    elseif head == token and #token > 0 then
+      return true
+    elseif head == "" and not whole and redis.pcall("EXISTS", key) == 0 then
+      -- GETRANGE answers "" for no key and for an empty value alike.
+      return nil
+    end
+    return head == token
+  end
+
+  -- Marks key as waited for, for ms or MIN_WAIT_MARK (see the top): its next release
+  -- publishes. Best effort.
+  local function mark(key, ms)
+    if keys_only then
+      return
+    end
+    redis.pcall("SET", key .. WAITING, "1", "PX", math.max(tonumber(ms) or 0, MIN_WAIT_MARK))
+  end
+
   local function now_ms()
     local t = redis.call("TIME")
     return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -584,7 +584,7 @@ local function lib()
   end
 
   library = { rw = rw, operation = operation, acquire = acquire, announce = announce,
-    has_queue = has_queue, mark = mark }
+    has_queue = has_queue, mark = mark, held = held }
   return library
 end
 
@@ -606,8 +606,19 @@ while i <= #ARGV do
     -- The usual operations (one key, not fair), with nothing else to decode: release as
     -- release() does, acquire when the key is free, extend as the "e" branch does.
     local key, token, ttl = KEYS[k], ARGV[i + 1], ARGV[i + 2]
+    -- At most a token's length of the value (see held): ours or not; lib() looks closer only
+    -- at an error (GETRANGE refused by an ACL: held reads with GET).
+    local ours = false
+    if kind ~= "a" then
+      local head = redis.pcall("GETRANGE", key, 0, #token)
+      if type(head) == "table" then
+        ours = lib().held(key, token) == true
+      else
+        ours = #token > 0 and head == token
+      end
+    end
     if kind == "r" then
-      if held(key, token) ~= true then
+      if not ours then
         out[n] = 0
       elseif keys_only then
         out[n] = redis.call("DEL", key)
@@ -633,15 +644,19 @@ while i <= #ARGV do
       else
         -- Taken: by another owner (the usual refusal, without lib()), by us (a repeat of a
         -- request that landed), or by a key of another type.
-        local state = held(key, token)
-        if state == false then
-          mark(key, ttl)
+        local head = redis.pcall("GETRANGE", key, 0, #token)
+        if type(head) == "string" and head ~= "" and head ~= token then
+          -- Another owner's: marked as waited for (as mark() does).
+          if not keys_only then
+            redis.pcall("SET", key .. WAITING, "1", "PX",
+              math.max(tonumber(ttl) or 0, MIN_WAIT_MARK))
+          end
           out[n] = 0
         else
           out[n] = lib().operation(i, k)
         end
       end
-    elseif held(key, token) == true then
+    elseif ours then
       redis.call("PEXPIRE", key, ttl)
       out[n] = 1
     else
