@@ -391,14 +391,15 @@ impl Link for ServerLink {
 }
 
 /// The key and expected id of the memory marker to read in a batch of `runs` (see
-/// `Identity::marker_read`): only a batch that asks for votes (an acquire or an extension)
-/// reads it, so that a server flushed since it was last read counts none of them.
+/// `Identity::marker_read`): only a batch with an acquire reads it, so that a server flushed
+/// since it was last read grants none of them. (An extension there finds its key gone, or
+/// sets it again, and counts as no confirmation either way.)
 fn marker_to_check<'a, 'r>(
     identity: &'a Identity,
     runs: impl IntoIterator<Item = &'r Run>,
 ) -> Option<(&'a str, String)> {
     runs.into_iter()
-        .any(|run| matches!(run.req.op, Op::Acquire | Op::Extend))
+        .any(|run| run.req.op == Op::Acquire)
         .then(|| identity.marker_to_check())
         .flatten()
 }
