@@ -75,13 +75,7 @@ async fn a_restarted_node_is_quarantined_and_cannot_hand_a_lock_out_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_quarantine_a_restart_makes_two_owners() {
     let mut servers = Servers::start(5);
-    let c = servers
-        .builder()
-        .restart_quarantine(Duration::ZERO)
-        .retry_count(0)
-        .node_timeout(PATIENT)
-        .build()
-        .expect("valid config");
+    let c = servers.unquarantined();
     warm_up(&c).await;
     let a = hold_on_0_to_2_then_restart_2(&mut servers, Duration::from_secs(30)).await;
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 use redfence::{Error, Lock, NodeFailure};
 use review::{assert_quarantined, fresh, rosters_current};
 use support::faketime::{Clocks, Pieces};
-use support::{PATIENT, Servers, TestRedlock, eventually, warm_up};
+use support::{Servers, TestRedlock, eventually, warm_up};
 
 const RES: &str = "ledger:memory";
 const TTL: Duration = Duration::from_secs(20);
@@ -84,13 +84,7 @@ async fn a_fresh_client_is_refused_after_a_majority_restart() {
         "the failed attempt released its keys"
     );
     // Without the quarantine, the same fresh client is a second owner: what it prevents.
-    let reckless = servers
-        .builder()
-        .restart_quarantine(Duration::ZERO)
-        .retry_count(0)
-        .node_timeout(PATIENT)
-        .build()
-        .expect("valid config");
+    let reckless = servers.unquarantined();
     let second = reckless
         .try_acquire(&[RES], Duration::from_secs(5))
         .await

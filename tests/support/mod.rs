@@ -58,6 +58,17 @@ pub trait TestRedlock {
             .expect("valid test config")
     }
 
+    /// A `Redlock` over every server without the restart quarantine (Redlock as published),
+    /// one attempt per acquisition, [`PATIENT`] node calls: the restart tests' other owner.
+    fn unquarantined(&self) -> Redlock {
+        self.builder()
+            .restart_quarantine(Duration::ZERO)
+            .retry_count(0)
+            .node_timeout(PATIENT)
+            .build()
+            .expect("valid test config")
+    }
+
     /// A `Redlock` over every server that makes one attempt per acquisition (no retry), each
     /// node call bounded by `node_timeout`: one answer per node, as the test set it up.
     fn one_attempt(&self, node_timeout: Duration) -> Redlock {

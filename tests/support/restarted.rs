@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use redfence::{Error, Lock, NodeFailure};
 
-use super::{PATIENT, Servers, TestRedlock, eventually};
+use super::{Servers, TestRedlock, eventually};
 
 /// The nodes of `err` that were quarantined.
 pub fn quarantined(err: &Error) -> Vec<usize> {
@@ -28,13 +28,7 @@ pub async fn hold_on_0_to_2(servers: &Servers, resource: &str, ttl: Duration) ->
     for i in [3, 4] {
         let _: () = servers.cmd(i, &["SET", resource, "other", "PX", "1000"]);
     }
-    let a = servers
-        .builder()
-        .restart_quarantine(Duration::ZERO)
-        .retry_count(0)
-        .node_timeout(PATIENT)
-        .build()
-        .expect("valid config");
+    let a = servers.unquarantined();
     let lock = a.try_acquire(&[resource], ttl).await.expect("A: nodes 0-2");
     assert_eq!(servers.holders(resource, lock.token(), 0..5), vec![0, 1, 2]);
     assert!(

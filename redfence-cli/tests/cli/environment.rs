@@ -4,7 +4,7 @@
 //! read them from redfence's own environment in /proc. `--nodes-file`.
 
 use std::os::unix::fs::PermissionsExt;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use super::{USAGE, redfence, redfence_at};
 use redfence_testkit::Servers;
@@ -108,15 +108,7 @@ fn redfence_as_nobody(nodes: &str) -> Option<Command> {
     }
     let mut command = Command::new("setpriv");
     command.args(NOBODY).arg(binary).current_dir("/");
-    std::os::unix::process::CommandExt::process_group(&mut command, 0);
-    command
-        .env("REDFENCE_NODES", nodes)
-        .env("REDFENCE_NODE_TIMEOUT", "200ms")
-        .env_remove("RUST_LOG")
-        .env_remove("REDFENCE_FENCING")
-        .env_remove("REDFENCE_NODES_FILE")
-        .env_remove("REDFENCE_KEY_PREFIX")
-        .stdin(Stdio::null());
+    super::as_the_tests_run_it(&mut command, nodes);
     Some(command)
 }
 

@@ -46,7 +46,14 @@ fn redfence(servers: &Servers) -> Command {
 /// The binary pointed at `nodes` (`host:port,...`), as [`redfence`] does.
 fn redfence_at(nodes: &str) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_redfence"));
-    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    as_the_tests_run_it(&mut command, nodes);
+    command
+}
+
+/// `command` (the binary, or a program that runs it) in a process group of its own, pointed
+/// at `nodes` with the tests' node timeout, and none of the caller's redfence settings.
+fn as_the_tests_run_it(command: &mut Command, nodes: &str) {
+    std::os::unix::process::CommandExt::process_group(command, 0);
     command
         .env("REDFENCE_NODES", nodes)
         .env("REDFENCE_NODE_TIMEOUT", "200ms")
@@ -55,7 +62,6 @@ fn redfence_at(nodes: &str) -> Command {
         .env_remove("REDFENCE_NODES_FILE")
         .env_remove("REDFENCE_KEY_PREFIX")
         .stdin(Stdio::null());
-    command
 }
 
 /// `redfence run ARGS -- sh -c SCRIPT`, started in the background.
