@@ -97,22 +97,26 @@ async fn a_fresh_client_is_refused_after_a_majority_restart() {
 /// markers tell it, to a fresh client and to one that was connected (in its next batch).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flushall_on_a_majority_is_quarantined_for_every_client() {
-    flushall_on_a_majority(Servers::start(3)).await;
+    flush_a_majority(Servers::start(3), "FLUSHALL").await;
 }
 
-/// The same where a one-key lock is plain commands (Valkey 9): the marker is read in the
-/// batch's pipeline.
+/// The same with `FLUSHDB`, where a one-key lock is plain commands (Valkey 9): the marker is
+/// read in the batch's pipeline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn flushall_on_a_majority_is_quarantined_on_plain_commands() {
-    flushall_on_a_majority(Servers::start_launched(3, &[], |_| support::valkey9())).await;
+async fn flushdb_on_a_majority_is_quarantined_on_plain_commands() {
+    flush_a_majority(
+        Servers::start_launched(3, &[], |_| support::valkey9()),
+        "FLUSHDB",
+    )
+    .await;
 }
 
-async fn flushall_on_a_majority(servers: Servers) {
+async fn flush_a_majority(servers: Servers, flush: &str) {
     let connected = fresh(&servers);
     warm_up(&connected).await;
     let a = a_holds(&servers).await;
     for i in [1, 2] {
-        let _: () = servers.cmd(i, &["FLUSHALL"]);
+        let _: () = servers.cmd(i, &[flush]);
     }
     let err = fresh(&servers)
         .try_acquire(&[RES], Duration::from_secs(5))
@@ -241,6 +245,59 @@ async fn a_voter_whose_clock_steps_is_quarantined() {
         .try_acquire(&[RES], Duration::from_secs(5))
         .await
         .expect_err("node 2's clock stepped");
+    assert_quarantined(&err, &[2]);
+    let err = fresh(&servers)
+        .try_acquire(&[RES], Duration::from_secs(5))
+        .await
+        .expect_err("node 2's marker was replaced: a fresh client quarantines it too");
+    assert_quarantined(&err, &[2]);
+}
+
+/// A server that evicted keys (a `maxmemory` reached under a policy that evicts keys with a
+/// TTL, as lock keys have) is quarantined by a client that read it before and after, which
+/// replaces its marker (kept: it has no TTL): a fresh client sees the loss too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_that_evicted_keys_is_quarantined() {
+    let servers = Servers::start(3);
+    let connected = fresh(&servers);
+    warm_up(&connected).await;
+    rosters_current(&servers).await;
+    // Node 2 short of memory: keys with a TTL are evicted to make room.
+    let used = |i: usize| -> u64 {
+        let info: String = servers.cmd(i, &["INFO", "memory"]);
+        info.lines()
+            .find_map(|line| line.strip_prefix("used_memory:"))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("used_memory")
+    };
+    let limit = (used(2) + 512 * 1024).to_string();
+    let _: () = servers.cmd(2, &["CONFIG", "SET", "maxmemory-policy", "volatile-random"]);
+    let _: () = servers.cmd(2, &["CONFIG", "SET", "maxmemory", &limit]);
+    let filler = "x".repeat(64 * 1024);
+    let evicted = |i: usize| -> u64 {
+        let info: String = servers.cmd(i, &["INFO", "stats"]);
+        info.lines()
+            .find_map(|line| line.strip_prefix("evicted_keys:"))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("evicted_keys")
+    };
+    for n in 0..64 {
+        let _: () = servers.cmd(2, &["SET", &format!("filler:{n}"), &filler, "PX", "60000"]);
+    }
+    assert!(evicted(2) > 0, "node 2 evicted keys");
+    let _: () = servers.cmd(2, &["CONFIG", "SET", "maxmemory", "0"]);
+    assert!(
+        servers.get(2, "redfence:memory").is_some(),
+        "the marker has no TTL: kept"
+    );
+    // Node 0 held by another owner: node 2's vote decides. The evictions show in the first
+    // reading a second after the last one.
+    let _: () = servers.cmd(0, &["SET", RES, "other", "PX", "60000"]);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let err = connected
+        .try_acquire(&[RES], Duration::from_secs(5))
+        .await
+        .expect_err("node 2 evicted keys");
     assert_quarantined(&err, &[2]);
     let err = fresh(&servers)
         .try_acquire(&[RES], Duration::from_secs(5))
