@@ -22,7 +22,7 @@ const FAIR_RULES: &str = "+zadd +zrem +zrange +zrangebyscore +zremrangebyscore +
 
 /// docs/production.md's additions for read-write locks (and inspecting them).
 const RWLOCK_RULES: &str =
-    "+zadd +zrem +zscore +zcard +zremrangebyscore +pttl +time +zrangebyscore";
+    "+zadd +zrem +zscore +zcard +zrangebyscore +zremrangebyscore +pttl +time";
 
 /// The minimal rules of earlier versions, without release notifications.
 const OLD_LOCKER_RULES: &str = "on >locker-secret resetkeys ~locks:* resetchannels -@all \

@@ -14,6 +14,10 @@ use crate::Redlock;
 use crate::error::{ConfigError, Error};
 use crate::inner::Shared;
 
+/// The longest election identity, in bytes: the leader record it is written into is read
+/// as a lock key's value is, at most 4 KiB (`scripts/inspect.lua`).
+const MAX_IDENTITY_LEN: usize = 1024;
+
 /// Default [`lease`](ElectionBuilder::lease): 15 s (client-go's usual value).
 const DEFAULT_LEASE: Duration = Duration::from_secs(15);
 /// Default [`renew_deadline`](ElectionBuilder::renew_deadline): 10 s.
@@ -245,6 +249,17 @@ impl ElectionBuilder {
         let identity = match self.identity {
             Some(identity) if identity.is_empty() => {
                 return Err(bad_option("election identity", "must not be empty"));
+            }
+            // The leader record ("term token identity") is read as a lock key's value is,
+            // at most 4 KiB (scripts/inspect.lua): a longer one would hide the leader.
+            Some(identity) if identity.len() > MAX_IDENTITY_LEN => {
+                return Err(bad_option(
+                    "election identity",
+                    &format!(
+                        "is {} bytes long; at most {MAX_IDENTITY_LEN} are allowed",
+                        identity.len()
+                    ),
+                ));
             }
             Some(identity) => identity,
             None => identity::default_identity(),

@@ -416,8 +416,9 @@ impl Identity {
     }
 
     /// Whether an error to the memory script refuses it for good (then noted): no permission
-    /// (an ACL without `TIME`, keys outside the user's patterns: inside a script the server
-    /// says "The user executing the script can't run this command" or "can't access"), a
+    /// (an ACL without `TIME`, keys outside the user's patterns: inside a script Redis 7 says
+    /// "The user executing the script can't run this command" or "can't access", Valkey 9 and
+    /// Redis 8 "ACL failure in script: … has no permissions to run …"), a
     /// command the server does not know, or another type at the marker's key.
     fn memory_refused_by(&self, code: Option<&str>, detail: Option<&str>) -> bool {
         let refused = refuses(code, detail)
@@ -428,6 +429,8 @@ impl Identity {
                     "WRONGTYPE",
                     "can't run this command",
                     "can't access",
+                    "no permissions",
+                    "ACL failure",
                 ]
                 .iter()
                 .any(|sign| d.contains(sign))

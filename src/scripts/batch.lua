@@ -94,8 +94,9 @@ local function lib()
       return nil
     elseif head == token and #token > 0 then
       return true
-    elseif head == "" and not whole and redis.pcall("EXISTS", key) == 0 then
-      -- GETRANGE answers "" for no key and for an empty value alike.
+    elseif head == "" and not whole and redis.pcall("GET", key) == false then
+      -- GETRANGE answers "" for no key and for an empty value alike: GET tells them apart,
+      -- reading nothing more (the value is empty), and the lock's ACL rules allow it.
       return nil
     end
     return head == token

@@ -239,3 +239,26 @@ fn an_acl_without_the_memory_script_stops_its_checks_alone() {
     assert_eq!(off.due(), Due::No);
     assert!(off.ask().is_none());
 }
+
+#[test]
+fn every_servers_wording_of_an_acl_refusal_in_a_script_stops_the_memory_reads() {
+    for wording in [
+        "-ERR The user executing the script can't run this command or subcommand script: abc\r\n",
+        "-ERR ACL failure in script: User 'locker' has no permissions to run the 'time' command script: abc\r\n",
+        "-NOPERM this user has no permissions to access one of the keys used as arguments\r\n",
+    ] {
+        let (identity, _book) = identity(60 * S);
+        let refused = redis::parse_redis_value(wording.as_bytes()).expect("an error reply");
+        let (asked, _, _) = identity.ask().expect("on");
+        let sent = clock::now();
+        identity.observe(
+            &asked,
+            vec![info("a", 100, "r", 0), Value::Okay, refused],
+            sent,
+            sent + MS,
+        );
+        assert_eq!(identity.standing(), Standing::Counts, "{wording}");
+        let (asked, _, _) = identity.ask().expect("INFO is still read");
+        assert!(!asked.memory, "{wording}");
+    }
+}
