@@ -1,4 +1,5 @@
 use super::*;
+use crate::clock;
 
 const S: Duration = Duration::from_secs(1);
 const PERIOD: Duration = Duration::from_secs(60);

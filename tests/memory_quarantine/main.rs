@@ -240,17 +240,7 @@ async fn a_voter_whose_clock_steps_is_quarantined() {
     let _: () = servers.cmd(0, &["SET", RES, "other", "PX", "60000"]);
     // A connected client reads a server's clock beside a call once a second: the step shows
     // in the first reading a second after the last one.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    let err = connected
-        .try_acquire(&[RES], Duration::from_secs(5))
-        .await
-        .expect_err("node 2's clock stepped");
-    assert_quarantined(&err, &[2]);
-    let err = fresh(&servers)
-        .try_acquire(&[RES], Duration::from_secs(5))
-        .await
-        .expect_err("node 2's marker was replaced: a fresh client quarantines it too");
-    assert_quarantined(&err, &[2]);
+    node_2_quarantined_for_both(&connected, &servers, "node 2's clock stepped").await;
 }
 
 /// A server that evicted keys (a `maxmemory` reached under a policy that evicts keys with a
@@ -293,13 +283,21 @@ async fn a_voter_that_evicted_keys_is_quarantined() {
     // Node 0 held by another owner: node 2's vote decides. The evictions show in the first
     // reading a second after the last one.
     let _: () = servers.cmd(0, &["SET", RES, "other", "PX", "60000"]);
+    node_2_quarantined_for_both(&connected, &servers, "node 2 evicted keys").await;
+}
+
+/// Node 2 saw a loss its marker survived (`why`): the connected client quarantines it in the
+/// first reading a second after its last one (the signs need `INFO`), and replaces its marker,
+/// so that a fresh client quarantines it too. Node 0 is held by another owner, so node 2's vote
+/// decides.
+async fn node_2_quarantined_for_both(connected: &redfence::Redlock, servers: &Servers, why: &str) {
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let err = connected
         .try_acquire(&[RES], Duration::from_secs(5))
         .await
-        .expect_err("node 2 evicted keys");
+        .expect_err(why);
     assert_quarantined(&err, &[2]);
-    let err = fresh(&servers)
+    let err = fresh(servers)
         .try_acquire(&[RES], Duration::from_secs(5))
         .await
         .expect_err("node 2's marker was replaced: a fresh client quarantines it too");

@@ -1,3 +1,4 @@
+use super::reading::{parse_info, parse_memory, refuses, stepped};
 use super::*;
 
 const S: Duration = Duration::from_secs(1);
