@@ -21,6 +21,7 @@ use futures::future::{BoxFuture, Shared};
 use redis::aio::ConnectionLike;
 use redis::{Script, Value};
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use super::connection::Connection;
 
@@ -282,19 +283,25 @@ impl Identity {
                     };
                     self.memory.reading(self.slot, true);
                     let (identity, mut conn) = (Arc::clone(self), conn.clone());
-                    let task = self.tasks.spawn(async move {
-                        let read =
-                            tokio::time::timeout(identity.bound, identity.read(&mut conn, call));
-                        if read.await.is_err() {
-                            tracing::debug!("the server's identity could not be read in time");
-                            identity.suspect();
+                    // In the caller's span (the node's): its lines name the node.
+                    let task = self.tasks.spawn(
+                        async move {
+                            let read = tokio::time::timeout(
+                                identity.bound,
+                                identity.read(&mut conn, call),
+                            );
+                            if read.await.is_err() {
+                                tracing::debug!("the server's identity could not be read in time");
+                                identity.suspect();
+                            }
+                            identity.memory.reading(identity.slot, false);
+                            *identity
+                                .under_way
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner) = None;
                         }
-                        identity.memory.reading(identity.slot, false);
-                        *identity
-                            .under_way
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner) = None;
-                    });
+                        .in_current_span(),
+                    );
                     let reading = async move {
                         let _ = task.await;
                     }
