@@ -35,7 +35,7 @@ fn redlock(servers: &Servers, native: bool) -> Redlock {
 /// (Found by an adversarial review, fixed since.) An acquire that goes in the script (before the connection's first
 /// release, acquires are not plain) and its own release (plain `DELIFEQ`) share a batch; the
 /// server has lost the script (`SCRIPT FLUSH` here; a restart in production, after which
-/// `natives.released` is false again and the script cache empty). The plain release runs
+/// `support.released` is false again and the script cache empty). The plain release runs
 /// first, the script piece answers `NOSCRIPT`; the acquire must not then run again in the
 /// script *after* its release (server_link.rs `again`), which would leave the key set with the
 /// failed attempt's token until its TTL.

@@ -17,7 +17,7 @@
 //! cargo run --release -p redfence-bench -- fence-ranges  # counters per resource vs striped (A/B)
 //! cargo run --release -p redfence-bench -- load      # burst, idle, extension CPU, held locks
 //! cargo run --release -p redfence-bench -- held      # 10,000 held using() locks alone
-//! cargo run --release -p redfence-bench -- natives   # plain commands vs the script (A/B)
+//! cargo run --release -p redfence-bench -- plain     # plain commands vs the script (A/B)
 //! cargo run --release -p redfence-bench -- rwlock    # 64 tasks, 95 % reads, vs one mutex
 //! cargo run --release -p redfence-bench -- semaphore # 64 tasks on K = 8 permits vs 8 mutexes
 //! cargo run --release -p redfence-bench -- hotspot   # 16 waiters on one resource, beside node-redlock
@@ -242,8 +242,8 @@ async fn main() {
         semaphore::scenario(&urls).await;
         return;
     }
-    if only("natives") {
-        natives::scenario(&urls, ops).await;
+    if only("plain") {
+        plain::scenario(&urls, ops).await;
         return;
     }
     if only("load") {
@@ -433,7 +433,7 @@ mod cpu;
 mod fencing;
 mod hotspot;
 mod load;
-mod natives;
+mod plain;
 mod ranges;
 #[cfg(feature = "metrics")]
 mod recording;

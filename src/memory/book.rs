@@ -74,7 +74,7 @@ impl MemoryBook {
         self.voters.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Adds a voter named `name` (its address as clients name it); its slot, and the flags
+    /// Adds a voter named `name` (its address as clients name it); its index, and the flags
     /// its identity reads without the book's lock.
     pub(crate) fn register(&self, name: &str) -> (usize, Arc<Flags>) {
         let flags = Arc::new(Flags {
@@ -96,37 +96,37 @@ impl MemoryBook {
         (voters.len() - 1, flags)
     }
 
-    /// How voter `slot`'s memory is read again in the background when its roster lags behind
+    /// How voter `index`'s memory is read again in the background when its roster lags behind
     /// a marker read elsewhere; [`Self::nudged`] is to be called once that reading is over.
-    pub(crate) fn on_news(&self, slot: usize, nudge: impl Fn() + Send + Sync + 'static) {
-        if let Some(voter) = self.voters().get_mut(slot) {
+    pub(crate) fn on_news(&self, index: usize, nudge: impl Fn() + Send + Sync + 'static) {
+        if let Some(voter) = self.voters().get_mut(index) {
             voter.nudge = Some(std::sync::Arc::new(nudge));
         }
     }
 
-    /// A nudged reading of voter `slot` is over (read or failed).
-    pub(crate) fn nudged(&self, slot: usize) {
-        if let Some(voter) = self.voters().get_mut(slot) {
+    /// A nudged reading of voter `index` is over (read or failed).
+    pub(crate) fn nudged(&self, index: usize) {
+        if let Some(voter) = self.voters().get_mut(index) {
             voter.nudged = false;
         }
     }
 
-    /// A reading of voter `slot`'s memory is under way (`true`) or over, read or not
+    /// A reading of voter `index`'s memory is under way (`true`) or over, read or not
     /// (`false`): while it is, the young voters it could settle are [`Standing::Pending`].
-    pub(crate) fn reading(&self, slot: usize, under_way: bool) {
+    pub(crate) fn reading(&self, index: usize, under_way: bool) {
         let mut voters = self.voters();
-        if let Some(voter) = voters.get_mut(slot) {
+        if let Some(voter) = voters.get_mut(index) {
             voter.pending = under_way;
         }
         self.judge_all(&mut voters);
     }
 
-    /// Notes a reading of voter `slot`'s memory, judges every voter again and nudges those
+    /// Notes a reading of voter `index`'s memory, judges every voter again and nudges those
     /// whose roster lags behind.
-    pub(crate) fn record(&self, slot: usize, reading: Reading) {
+    pub(crate) fn record(&self, index: usize, reading: Reading) {
         let nudges = {
             let mut voters = self.voters();
-            if let Some(voter) = voters.get_mut(slot) {
+            if let Some(voter) = voters.get_mut(index) {
                 voter.reading = Some(reading);
                 voter.nudged = false;
                 voter.pending = false;
@@ -151,10 +151,10 @@ impl MemoryBook {
         }
     }
 
-    /// Voter `slot`'s memory cannot be read: it is judged no more, and waited for by none.
-    pub(crate) fn unreadable(&self, slot: usize) {
+    /// Voter `index`'s memory cannot be read: it is judged no more, and waited for by none.
+    pub(crate) fn unreadable(&self, index: usize) {
         let mut voters = self.voters();
-        if let Some(voter) = voters.get_mut(slot) {
+        if let Some(voter) = voters.get_mut(index) {
             voter.unreadable = true;
         }
         self.judge_all(&mut voters);
@@ -165,12 +165,12 @@ impl MemoryBook {
         let verdicts: Vec<(Verdict, bool)> = voters
             .iter()
             .enumerate()
-            .map(|(slot, voter)| match &voter.reading {
+            .map(|(index, voter)| match &voter.reading {
                 Some(me) if !voter.unreadable => {
                     let peers: Vec<Peer<'_>> = voters
                         .iter()
                         .enumerate()
-                        .filter(|&(other, peer)| other != slot && !peer.unreadable)
+                        .filter(|&(other, peer)| other != index && !peer.unreadable)
                         .map(|(_, peer)| match &peer.reading {
                             Some(reading) => Peer::Read(reading),
                             None => Peer::Unread {
@@ -189,17 +189,17 @@ impl MemoryBook {
             let counts = verdict == Verdict::Counts;
             voter.flags.counts.store(counts, Ordering::Release);
         }
-        for slot in 0..voters.len() {
-            let news = news_for(voters, slot, now, self.period);
-            voters[slot].flags.news.store(news, Ordering::Release);
+        for index in 0..voters.len() {
+            let news = news_for(voters, index, now, self.period);
+            voters[index].flags.news.store(news, Ordering::Release);
         }
     }
 
-    /// Voter `slot`'s standing now (a verdict whose time has passed counts again: its flag
+    /// Voter `index`'s standing now (a verdict whose time has passed counts again: its flag
     /// says so from then on).
-    pub(crate) fn standing(&self, slot: usize) -> Standing {
+    pub(crate) fn standing(&self, index: usize) -> Standing {
         let voters = self.voters();
-        let Some(voter) = voters.get(slot) else {
+        let Some(voter) = voters.get(index) else {
             return Standing::Counts;
         };
         let standing = voter.verdict.at(clock::now());
@@ -209,26 +209,26 @@ impl MemoryBook {
         standing
     }
 
-    /// The id of voter `slot`'s marker, as last read.
+    /// The id of voter `index`'s marker, as last read.
     #[cfg(test)]
-    pub(crate) fn marker(&self, slot: usize) -> Option<String> {
+    pub(crate) fn marker(&self, index: usize) -> Option<String> {
         let voters = self.voters();
-        Some(voters.get(slot)?.reading.as_ref()?.marker.id.clone())
+        Some(voters.get(index)?.reading.as_ref()?.marker.id.clone())
     }
 
-    /// What voter `slot`'s memory script is sent with: the other voters' roster names, each
+    /// What voter `index`'s memory script is sent with: the other voters' roster names, each
     /// with the marker id last read there ("" when none); `!AGE|id` when a roster read says
     /// that marker replaced another and the voter is still quarantined for it, AGE the loss's
     /// age in ms as judged (the period less what is left). The script then records the
     /// replacement, that old, where the entry says "first seen": a roster that was itself new
     /// (its server lost its memory too) must not be the only one left when the servers that
     /// remembered the loss lose theirs in turn (a rolling restart).
-    pub(crate) fn peers_of(&self, slot: usize) -> Vec<(String, String)> {
+    pub(crate) fn peers_of(&self, index: usize) -> Vec<(String, String)> {
         let now = clock::now();
         self.voters()
             .iter()
             .enumerate()
-            .filter(|&(other, _)| other != slot)
+            .filter(|&(other, _)| other != index)
             .map(|(_, peer)| {
                 let seen = match (&peer.reading, peer.loss_age(now, self.period)) {
                     (Some(reading), Some(age)) => {
@@ -242,12 +242,12 @@ impl MemoryBook {
             .collect()
     }
 
-    /// Whether voter `slot`'s roster, as last read, lags behind a marker read elsewhere since:
+    /// Whether voter `index`'s roster, as last read, lags behind a marker read elsewhere since:
     /// its memory is then worth reading beside the next call, to spread the news.
     #[cfg(test)]
-    pub(crate) fn has_news_for(&self, slot: usize) -> bool {
+    pub(crate) fn has_news_for(&self, index: usize) -> bool {
         self.voters()
-            .get(slot)
+            .get(index)
             .is_some_and(|voter| voter.flags.news.load(Ordering::Acquire))
     }
 }
@@ -265,14 +265,14 @@ impl Voter {
     }
 }
 
-/// Whether the roster of `voters[slot]`, as last read, lags behind a marker read on another,
+/// Whether the roster of `voters[index]`, as last read, lags behind a marker read on another,
 /// or does not say yet that it replaced another (see [`MemoryBook::peers_of`]), at `now`.
-fn news_for(voters: &[Voter], slot: usize, now: Instant, period: Duration) -> bool {
-    let Some(Some(mine)) = voters.get(slot).map(|v| v.reading.as_ref()) else {
+fn news_for(voters: &[Voter], index: usize, now: Instant, period: Duration) -> bool {
+    let Some(Some(mine)) = voters.get(index).map(|v| v.reading.as_ref()) else {
         return false;
     };
     voters.iter().enumerate().any(|(other, peer)| {
-        other != slot
+        other != index
             && peer.reading.as_ref().is_some_and(|theirs| {
                 mine.entry_for(&peer.name).is_none_or(|entry| {
                     entry.id != theirs.marker.id

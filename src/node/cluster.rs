@@ -17,7 +17,7 @@ use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::time::{Instant, Sleep};
 
 use super::batch::{Link, PATIENCE, Replies, Run, Touch, check_count, write_eval, write_script};
-use super::redis::Queue;
+use super::queue::Queue;
 use super::{Advice, Advisory, Node, NodeCall, Request, advice, advisory, cached};
 use crate::error::NodeFailure;
 

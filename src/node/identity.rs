@@ -66,8 +66,8 @@ pub(crate) enum Due {
 pub(crate) struct Identity {
     rule: QuarantineRule,
     memory: Arc<MemoryBook>,
-    /// This voter's slot in `memory`, and what the book says of it without its lock.
-    slot: usize,
+    /// This voter's index in `memory`, and what the book says of it without its lock.
+    index: usize,
     flags: Arc<Flags>,
     /// This client's own judgement says the votes count (not suspect, no quarantine of its
     /// own): with `flags`, [`Self::standing`] takes no lock (false: look in `state`).
@@ -133,10 +133,10 @@ impl Identity {
         tasks: TaskTracker,
         bound: Duration,
     ) -> Self {
-        let (slot, flags) = memory.register(name);
+        let (index, flags) = memory.register(name);
         Identity {
             rule,
-            slot,
+            index,
             flags,
             own_counts: AtomicBool::new(true),
             memory,
@@ -149,9 +149,9 @@ impl Identity {
         }
     }
 
-    /// This voter's slot in its memory book.
-    pub(crate) fn slot(&self) -> usize {
-        self.slot
+    /// This voter's index in its memory book.
+    pub(crate) fn index(&self) -> usize {
+        self.index
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -191,7 +191,7 @@ impl Identity {
         if self.flags.counts() {
             return own;
         }
-        own.and(self.memory.standing(self.slot))
+        own.and(self.memory.standing(self.index))
     }
 
     /// Whether an extension may repair (set again) a missing key on this server: its votes
@@ -281,7 +281,7 @@ impl Identity {
                     let Some(call) = self.ask() else {
                         return;
                     };
-                    self.memory.reading(self.slot, true);
+                    self.memory.reading(self.index, true);
                     let (identity, mut conn) = (Arc::clone(self), conn.clone());
                     // In the caller's span (the node's): its lines name the node.
                     let task = self.tasks.spawn(
@@ -294,7 +294,7 @@ impl Identity {
                                 tracing::debug!("the server's identity could not be read in time");
                                 identity.suspect();
                             }
-                            identity.memory.reading(identity.slot, false);
+                            identity.memory.reading(identity.index, false);
                             *identity
                                 .under_way
                                 .lock()
@@ -353,7 +353,7 @@ impl Identity {
             pipeline.cmd("SCRIPT").arg("LOAD").arg(MEMORY_LUA);
         }
         if asked.memory {
-            let peers = self.memory.peers_of(self.slot);
+            let peers = self.memory.peers_of(self.index);
             let call = pipeline
                 .cmd("EVALSHA")
                 .arg(MEMORY.get_hash())

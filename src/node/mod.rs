@@ -12,10 +12,9 @@ mod connection;
 #[cfg(test)]
 pub(crate) mod fake;
 pub(crate) mod identity;
-mod natives;
-mod pipeline;
+mod plain;
+mod queue;
 mod redis;
-mod resend;
 mod rw_call;
 #[cfg(feature = "sentinel")]
 mod sentinel;

@@ -1,19 +1,18 @@
 //! One Redis master: its lock calls on the node's queue ([`Queue`], which every kind of voter
 //! uses), sent over a lazy, shared `LazyConnection`.
 
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use redis::Client;
 use tokio_util::task::TaskTracker;
 
-use super::batch::Link;
 use super::connection::LazyConnection;
 use super::identity::{Identity, QuarantineRule};
-use super::pipeline::Pipeline;
+use super::queue::Queue;
 use super::server_link::ServerLink;
-use super::{Advice, Advisory, Node, NodeCall, Op, Request, advisory};
+use super::{Advice, Advisory, Node, NodeCall, Request, advisory};
 use crate::error::NodeFailure;
 use crate::memory::{MemoryBook, Standing};
 
@@ -93,14 +92,14 @@ fn nudge_on_news(
     tasks: TaskTracker,
     node_timeout: Duration,
 ) {
-    let (slot, book) = (identity.slot(), Arc::downgrade(memory));
+    let (index, book) = (identity.index(), Arc::downgrade(memory));
     let (identity, connection) = (Arc::downgrade(identity), Arc::downgrade(connection));
-    memory.on_news(slot, move || {
+    memory.on_news(index, move || {
         let done = {
             let book = book.clone();
             move || {
                 if let Some(book) = book.upgrade() {
-                    book.nudged(slot);
+                    book.nudged(index);
                 }
             }
         };
@@ -125,124 +124,6 @@ fn nudge_on_news(
             &runtime,
         );
     });
-}
-
-/// Starts a node's serving task on a runtime (see [`Queue`]).
-type Starter = dyn Fn(&tokio::runtime::Handle) -> Pipeline + Send + Sync;
-
-/// A node's request queue, for every kind of voter: started on the runtime of the node's
-/// first call, and started again on a caller's runtime once that one shut down. Requests the
-/// old queue had not sent were answered with its failure; nothing they held is lost, since an
-/// unsent acquire never landed.
-#[derive(Clone)]
-pub(super) struct Queue {
-    /// The node's request queue, started inside the runtime of the first call.
-    pipeline: Arc<OnceLock<Arc<Pipeline>>>,
-    /// The queue started again on a caller's runtime, once the first one's runtime shut down.
-    restarted: Arc<Mutex<Option<Arc<Pipeline>>>>,
-    start: Arc<Starter>,
-}
-
-impl Queue {
-    /// A queue (not started yet) whose serving task sends over a link made by `link`; calls
-    /// in flight are bounded by `node_timeout`, log lines carry `addr`.
-    pub(super) fn new<L: Link>(
-        addr: &str,
-        node_timeout: Duration,
-        link: impl Fn() -> L + Send + Sync + 'static,
-    ) -> Self {
-        let addr = addr.to_owned();
-        let start = move |runtime: &tokio::runtime::Handle| {
-            Pipeline::start(link(), node_timeout, &addr, runtime.runtime_flavor())
-        };
-        Queue {
-            pipeline: Arc::default(),
-            restarted: Arc::default(),
-            start: Arc::new(start),
-        }
-    }
-
-    /// Runs `submit` on the node's request queue: the first one, started on first use (inside
-    /// a Tokio runtime), while its runtime runs; after that runtime shut down, one started
-    /// again on the caller's.
-    fn with_pipeline<R>(&self, submit: impl FnOnce(&Arc<Pipeline>) -> R) -> Result<R, NodeFailure> {
-        // The usual path, lock-free: the first queue, still served.
-        if let Some(first) = self.pipeline.get()
-            && !first.is_closed()
-        {
-            return Ok(submit(first));
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return Err(NodeFailure::Reply(redis::RedisError::from((
-                redis::ErrorKind::Client,
-                "redfence needs a Tokio runtime to talk to a node",
-            ))));
-        };
-        if self.pipeline.get().is_none() {
-            // First use.
-            return Ok(submit(
-                self.pipeline
-                    .get_or_init(|| Arc::new((self.start)(&runtime))),
-            ));
-        }
-        let mut restarted = self
-            .restarted
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        match restarted.as_ref() {
-            Some(pipeline) if !pipeline.is_closed() => Ok(submit(pipeline)),
-            _ => Ok(submit(restarted.insert(Arc::new((self.start)(&runtime))))),
-        }
-    }
-
-    /// The queue requests go to now, if one was started.
-    fn current(&self) -> Option<Arc<Pipeline>> {
-        match self.pipeline.get() {
-            Some(first) if !first.is_closed() => Some(Arc::clone(first)),
-            _ => self
-                .restarted
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone(),
-        }
-    }
-
-    /// Queues `req` ([`Node::call`]).
-    pub(super) fn call(&self, req: &Request) -> NodeCall {
-        let queued = self.with_pipeline(|pipeline| match pipeline.submit(req.clone()) {
-            // A release or leave is never refused for a full queue: it waits for room.
-            Err(NodeFailure::Overloaded { .. }) if matches!(req.op, Op::Release | Op::Leave) => {
-                Err(Arc::clone(pipeline))
-            }
-            Err(failure) => Ok(Err(failure)),
-            Ok(answer) => Ok(Ok((
-                answer,
-                pipeline.watched().then(|| Arc::clone(pipeline)),
-            ))),
-        });
-        let queued = match queued {
-            Ok(Err(pipeline)) => return NodeCall::Queued(pipeline.submit_when_room(req.clone())),
-            Ok(Ok(queued)) => Ok(queued),
-            Err(failure) => Err(failure),
-        };
-        match queued {
-            Ok(Ok((answer, None))) => NodeCall::Queued(answer),
-            Ok(Ok((answer, Some(pipeline)))) => {
-                NodeCall::boxed(async move { pipeline.watched_answer(answer).await })
-            }
-            Ok(Err(failure)) | Err(failure) => NodeCall::boxed(std::future::ready(Err(failure))),
-        }
-    }
-
-    /// Resolves once every request queued before it has run ([`Node::flush`]).
-    pub(super) fn flush(&self) -> BoxFuture<'static, ()> {
-        let pipeline = self.current();
-        Box::pin(async move {
-            if let Some(pipeline) = pipeline {
-                pipeline.flush().await;
-            }
-        })
-    }
 }
 
 /// How long a connect (with its handshake) may take: at least a second, whatever the node

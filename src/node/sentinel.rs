@@ -17,7 +17,7 @@ use tokio::sync::Mutex;
 use tokio::time::{Instant, Sleep};
 
 use super::batch::{Link, PATIENCE, Replies, Run, Touch, evalsha, write_script};
-use super::redis::Queue;
+use super::queue::Queue;
 use super::{Advice, Advisory, Node, NodeCall, Request, advice, advisory, cached};
 use crate::error::NodeFailure;
 

@@ -1,6 +1,6 @@
 //! One server's link under its queue: the batch as one `EVALSHA` of `scripts/batch.lua` over
 //! the server's [`LazyConnection`], or, on a server with compare-and-delete, one pipeline of
-//! plain commands and script calls ([`natives`](super::natives)); the server's identity read
+//! plain commands and script calls ([`plain`](super::plain)); the server's identity read
 //! when it is due.
 
 use std::pin::Pin;
@@ -18,12 +18,12 @@ use super::batch::{
 };
 use super::connection::{Connection, LazyConnection};
 use super::identity::{Due, Identity};
-use super::natives::{self, Natives, Plan};
+use super::plain::{self, PlainSupport, Plan};
 use crate::error::NodeFailure;
 
 /// One server's link: the batch as one `EVALSHA` over its [`LazyConnection`], or, on a
 /// server with compare-and-delete, as one pipeline of plain commands and script calls (see
-/// [`natives`](super::natives)); the server's [`Identity`] read when it is due (first call,
+/// [`plain`](super::plain)); the server's [`Identity`] read when it is due (first call,
 /// lost connection, `NOSCRIPT`, every second).
 pub(super) struct ServerLink {
     connection: Arc<LazyConnection>,
@@ -32,7 +32,7 @@ pub(super) struct ServerLink {
     script: Cmd,
     /// What the server has, for the connection of this generation; `None` when plain
     /// commands are turned off (`RedlockBuilder::native_commands`).
-    natives: Option<(u64, Option<Natives>)>,
+    support: Option<(u64, Option<PlainSupport>)>,
     /// The pipeline being sent, kept for the next batch's.
     plan: Plan,
 }
@@ -47,31 +47,31 @@ impl ServerLink {
             connection,
             identity,
             script: Cmd::new(),
-            natives: native_commands.then_some((0, None)),
+            support: native_commands.then_some((0, None)),
             plan: Plan::default(),
         }
     }
 
     /// What the server behind `conn` has: asked once per connection.
-    async fn natives(&mut self, conn: &mut Connection) -> Natives {
-        let Some((generation, natives)) = &mut self.natives else {
-            return Natives::default();
+    async fn support(&mut self, conn: &mut Connection) -> PlainSupport {
+        let Some((generation, support)) = &mut self.support else {
+            return PlainSupport::default();
         };
-        if let Some(natives) = natives
+        if let Some(support) = support
             && *generation == conn.generation()
         {
-            return *natives;
+            return *support;
         }
-        let detected = match conn.req_packed_command(&natives::detection()).await {
-            Ok(command_info) => Natives::detected(&command_info),
+        let detected = match conn.req_packed_command(&plain::detection()).await {
+            Ok(command_info) => PlainSupport::detected(&command_info),
             // Lost on the way: ask again on the next call.
             Err(err) if err.is_io_error() || err.is_connection_dropped() => {
-                return Natives::default();
+                return PlainSupport::default();
             }
-            Err(_) => Natives::default(),
+            Err(_) => PlainSupport::default(),
         };
         *generation = conn.generation();
-        *natives = Some(detected);
+        *support = Some(detected);
         detected
     }
 
@@ -80,13 +80,13 @@ impl ServerLink {
     async fn send_plain(
         &mut self,
         mut conn: Connection,
-        natives: Natives,
+        support: PlainSupport,
         runs: &[Run],
         mut deadline: Pin<&mut Sleep>,
         timeout: Duration,
     ) -> Result<Replies, NodeFailure> {
         let mut plan = std::mem::take(&mut self.plan);
-        plan.write(runs, natives);
+        plan.write(runs, support);
         // The memory marker last: a server flushed since it was last read counts no vote.
         let marker = marker_to_check(&self.identity, runs);
         if let Some((key, _)) = &marker {
@@ -137,7 +137,7 @@ impl ServerLink {
         // Learnt before the refused commands run again in the script, so that a deadline
         // passing meanwhile (and the resent release) does not try the refused command again.
         if outcome.refused {
-            self.learn(&conn, |natives| *natives = Natives::default());
+            self.learn(&conn, |support| *support = PlainSupport::default());
         }
         let again = async {
             // What runs again in the script runs after the whole pipeline: never a request
@@ -226,10 +226,10 @@ impl ServerLink {
         };
         let replies = replies?;
         if outcome.released && !outcome.refused {
-            self.learn(&conn, |natives| natives.released = true);
+            self.learn(&conn, |support| support.released = true);
         }
         // Best effort: a waiter that misses the mark or the message polls.
-        if let Some((follow_up, commands)) = natives::follow_up(&outcome) {
+        if let Some((follow_up, commands)) = plain::follow_up(&outcome) {
             tokio::select! {
                 biased;
                 _ = conn.req_packed_commands(&follow_up, 0, commands) => {}
@@ -242,11 +242,11 @@ impl ServerLink {
 
 impl ServerLink {
     /// Updates what is known of the server behind `conn`, if it is still the current one.
-    fn learn(&mut self, conn: &Connection, update: impl FnOnce(&mut Natives)) {
-        if let Some((generation, Some(natives))) = &mut self.natives
+    fn learn(&mut self, conn: &Connection, update: impl FnOnce(&mut PlainSupport)) {
+        if let Some((generation, Some(support))) = &mut self.support
             && *generation == conn.generation()
         {
-            update(natives);
+            update(support);
         }
     }
 
@@ -353,7 +353,7 @@ impl Link for ServerLink {
         mut deadline: Pin<&'a mut Sleep>,
     ) -> Result<Replies, NodeFailure> {
         let mut asked = None;
-        if self.natives.is_some() {
+        if self.support.is_some() {
             let ready = async {
                 let mut conn = self.connection.connection().await?;
                 // Plain commands meet no NOSCRIPT after a restart: the identity is read
@@ -361,17 +361,17 @@ impl Link for ServerLink {
                 if self.identity.due() != Due::No {
                     self.check_identity(&mut conn).await?;
                 }
-                let natives = self.natives(&mut conn).await;
-                Ok::<_, NodeFailure>((conn, natives))
+                let support = self.support(&mut conn).await;
+                Ok::<_, NodeFailure>((conn, support))
             };
-            let (conn, natives) = tokio::select! {
+            let (conn, support) = tokio::select! {
                 biased;
                 ready = ready => ready?,
                 () = deadline.as_mut() => return Err(NodeFailure::Timeout(timeout)),
             };
-            if natives.any_plain(runs) {
+            if support.any_plain(runs) {
                 return self
-                    .send_plain(conn, natives, runs, deadline, timeout)
+                    .send_plain(conn, support, runs, deadline, timeout)
                     .await;
             }
             asked = Some(conn);
@@ -384,7 +384,7 @@ impl Link for ServerLink {
         if let Some(conn) = asked
             && runs.iter().any(|run| run.req.op == Op::Release)
         {
-            self.learn(&conn, |natives| natives.released = true);
+            self.learn(&conn, |support| support.released = true);
         }
         Ok(Replies::All(replies))
     }

@@ -536,7 +536,7 @@ local function lib()
       end
       reply = 0
     elseif kind == "n" then
-      -- After a plain compare-and-delete found the key's waiting mark (node/natives/): the
+      -- After a plain compare-and-delete found the key's waiting mark (node/plain/): the
       -- rest of a release, if the mark is still there.
       for j = first, last do
         if redis.pcall("DEL", KEYS[j] .. WAITING) == 1 then

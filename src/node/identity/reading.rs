@@ -90,7 +90,7 @@ impl Identity {
         if refused {
             self.give_up("the memory script", detail.unwrap_or_default());
             self.state().memory_refused = true;
-            self.memory.unreadable(self.slot);
+            self.memory.unreadable(self.index);
         }
         refused
     }
@@ -181,7 +181,7 @@ impl Identity {
         self.own_counts.store(own_counts, Ordering::Release);
         drop(state);
         if let Some(reading) = reading {
-            self.memory.record(self.slot, reading);
+            self.memory.record(self.index, reading);
         }
     }
 }

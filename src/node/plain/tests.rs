@@ -22,13 +22,13 @@ fn server_error(text: &str) -> Value {
     value
 }
 
-const ALL: Natives = Natives {
+const ALL: PlainSupport = PlainSupport {
     delete: Some(CompareAndDelete::Delifeq),
     released: true,
 };
 
-fn pieces(runs: &[Run], natives: Natives) -> Vec<Piece> {
-    Plan::new(runs, natives).pieces
+fn pieces(runs: &[Run], support: PlainSupport) -> Vec<Piece> {
+    Plan::new(runs, support).pieces
 }
 
 #[test]
@@ -72,12 +72,12 @@ fn only_single_key_locks_outside_fair_mode_go_plain_and_the_rest_is_grouped() {
         ]
     );
     // Acquires wait for a release to have gone through.
-    let unproven = Natives {
+    let unproven = PlainSupport {
         released: false,
         ..ALL
     };
     assert_eq!(pieces(&runs, unproven)[0], Piece::Script(0..3));
-    let none = Natives::default();
+    let none = PlainSupport::default();
     assert!(!none.any_plain(&runs));
     assert_eq!(pieces(&runs, none), vec![Piece::Script(0..6)]);
     // A release is two commands (DELIFEQ, EXISTS of the mark).
@@ -227,25 +227,25 @@ fn described(name: &str) -> Value {
 #[test]
 fn the_server_has_compare_and_delete_when_command_info_describes_it() {
     // `COMMAND INFO DELIFEQ DELEX`: Valkey 9 knows the first, Redis 8.4 the second.
-    let valkey_9 = Natives::detected(&Value::Array(vec![described("delifeq"), Value::Nil]));
+    let valkey_9 = PlainSupport::detected(&Value::Array(vec![described("delifeq"), Value::Nil]));
     assert_eq!(valkey_9.delete, Some(CompareAndDelete::Delifeq));
     assert!(!valkey_9.released);
-    let redis_8_4 = Natives::detected(&Value::Array(vec![Value::Nil, described("delex")]));
+    let redis_8_4 = PlainSupport::detected(&Value::Array(vec![Value::Nil, described("delex")]));
     assert_eq!(redis_8_4.delete, Some(CompareAndDelete::Delex));
     let both = Value::Array(vec![described("delifeq"), described("delex")]);
     assert_eq!(
-        Natives::detected(&both).delete,
+        PlainSupport::detected(&both).delete,
         Some(CompareAndDelete::Delifeq)
     );
     let unknown = Value::Array(vec![Value::Nil, Value::Nil]);
-    assert_eq!(Natives::detected(&unknown), Natives::default());
+    assert_eq!(PlainSupport::detected(&unknown), PlainSupport::default());
     let refused = server_error("NOPERM this user has no permissions to run the 'command'");
-    assert_eq!(Natives::detected(&refused), Natives::default());
+    assert_eq!(PlainSupport::detected(&refused), PlainSupport::default());
 }
 
 #[test]
 fn on_redis_8_4_a_release_is_delex_ifeq_and_the_rest_is_as_on_valkey_9() {
-    let natives = Natives {
+    let support = PlainSupport {
         delete: Some(CompareAndDelete::Delex),
         released: true,
     };
@@ -254,7 +254,7 @@ fn on_redis_8_4_a_release_is_delex_ifeq_and_the_rest_is_as_on_valkey_9() {
         run(Op::Extend, &["a"], "t1"),
         run(Op::Release, &["a"], "t1"),
     ];
-    let plan = Plan::new(&runs, natives);
+    let plan = Plan::new(&runs, support);
     let expected = redis::pipe()
         .cmd("SET")
         .arg("a")

@@ -5,7 +5,7 @@
 //! then show what asking the server costs (nothing per lock).
 //!
 //! ```sh
-//! REDIS_SERVER=/opt/redfence-valkey9/bin/valkey-server cargo run --release -p redfence-bench -- natives
+//! REDIS_SERVER=/opt/redfence-valkey9/bin/valkey-server cargo run --release -p redfence-bench -- plain
 //! ```
 
 use super::*;
@@ -22,7 +22,7 @@ async fn arm(redlock: &Redlock, round: usize, sequential: usize, per_task: usize
     let mut samples = Vec::with_capacity(sequential);
     for i in 0..sequential {
         let t = Instant::now();
-        lock_once(redlock, &format!("bench:natives:seq:{round}:{i}"))
+        lock_once(redlock, &format!("bench:plain:seq:{round}:{i}"))
             .await
             .expect("sequential");
         samples.push(t.elapsed());
@@ -64,7 +64,7 @@ pub async fn scenario(urls: &[String], ops: usize) {
     for redlock in [&plain, &script] {
         // Connections, the script loaded, and plain acquires turned on (after a plain release).
         for i in 0..200 {
-            lock_once(redlock, &format!("bench:natives:warm:{i}"))
+            lock_once(redlock, &format!("bench:plain:warm:{i}"))
                 .await
                 .expect("warm");
         }

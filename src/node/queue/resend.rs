@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::batch::Job;
 use crate::clock;
+use crate::node::batch::Job;
 
 /// The longest pause before resending alone to a node whose calls keep failing.
 const MAX_RESEND_PAUSE: Duration = Duration::from_secs(1);

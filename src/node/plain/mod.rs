@@ -32,7 +32,7 @@ use crate::helper_keys::WAITING;
 /// to ask (`COMMAND INFO`), or once a plain command was refused (no permission; an unknown
 /// command after the server was replaced by an older one).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct Natives {
+pub(super) struct PlainSupport {
     /// The server's compare-and-delete, which comes with `SET … IFEQ` (Valkey 9, Redis 8.4):
     /// plain releases and extensions, and acquires once `released`. `None`: the script.
     pub(super) delete: Option<CompareAndDelete>,
@@ -51,10 +51,10 @@ pub(super) enum CompareAndDelete {
     Delex,
 }
 
-impl Natives {
+impl PlainSupport {
     /// From the reply to `COMMAND INFO DELIFEQ DELEX` ([`detection`]): one entry per command,
     /// nil for an unknown one. `DELIFEQ` is preferred where a server has both.
-    pub(super) fn detected(command_info: &Value) -> Natives {
+    pub(super) fn detected(command_info: &Value) -> PlainSupport {
         let known = |i: usize| {
             matches!(
                 command_info,
@@ -68,7 +68,7 @@ impl Natives {
         } else {
             None
         };
-        Natives {
+        PlainSupport {
             delete,
             released: false,
         }
@@ -145,27 +145,27 @@ pub(super) struct Outcome {
     /// read before the requests run again).
     pub(super) noscript: bool,
     /// Whether a release went through, plain or in a script call (see
-    /// [`Natives::released`]).
+    /// [`PlainSupport::released`]).
     pub(super) released: bool,
     /// Keys a plain release deleted while they were marked: their release is to be announced.
     pub(super) announce: Vec<String>,
 }
 
 impl Plan {
-    /// `runs` as pieces, for a server whose commands are `natives`.
+    /// `runs` as pieces, for a server whose commands are `support`.
     #[cfg(test)]
-    pub(super) fn new(runs: &[Run], natives: Natives) -> Plan {
+    pub(super) fn new(runs: &[Run], support: PlainSupport) -> Plan {
         let mut plan = Plan::default();
-        plan.write(runs, natives);
+        plan.write(runs, support);
         plan
     }
 
-    /// Writes `runs` as pieces, for a server whose commands are `natives`.
-    pub(super) fn write(&mut self, runs: &[Run], natives: Natives) {
+    /// Writes `runs` as pieces, for a server whose commands are `support`.
+    pub(super) fn write(&mut self, runs: &[Run], support: PlainSupport) {
         let pieces = &mut self.pieces;
         pieces.clear();
         for (index, run) in runs.iter().enumerate() {
-            match (natives.plain(&run.req), pieces.last_mut()) {
+            match (support.plain(&run.req), pieces.last_mut()) {
                 (Some(plain), _) => pieces.push(Piece::Plain(plain, index)),
                 (None, Some(Piece::Script(range))) => range.end = index + 1,
                 (None, _) => pieces.push(Piece::Script(index..index + 1)),
