@@ -16,6 +16,7 @@ use std::time::Duration;
 pub use fencing::{BoxError, FencingError};
 pub use input::{ConfigError, InvalidInput};
 pub use lost::{LossReason, RenewalLimit};
+pub(crate) use node::Class;
 pub use node::{NodeError, NodeFailure};
 
 /// Everything that can go wrong when locking.

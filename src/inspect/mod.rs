@@ -118,10 +118,10 @@ pub(crate) async fn check(shared: &Shared) -> Vec<NodeCheck> {
 /// One node's script reply: one `(type, value, pttl)` row per key.
 fn parse(rows: Vec<KeyRow>, expected: usize) -> Result<Vec<KeyState>, NodeFailure> {
     if rows.len() != expected {
-        return Err(NodeFailure::Reply(redis::RedisError::from((
-            redis::ErrorKind::UnexpectedReturnType,
-            "the inspection script returned a row count other than the key count",
-        ))));
+        return Err(NodeFailure::UnexpectedReply(format!(
+            "the inspection script returned {} rows for {expected} keys",
+            rows.len()
+        )));
     }
     Ok(rows
         .into_iter()

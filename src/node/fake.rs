@@ -13,6 +13,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 
+use super::batch::error_reply;
 use super::{Advice, Advisory, Claim, GuardedWrite, KeyRow, Node, NodeCall, Op, Request, advice};
 use crate::error::NodeFailure;
 
@@ -192,12 +193,10 @@ impl FakeNode {
     ) -> BoxFuture<'static, Result<Vec<KeyRow>, NodeFailure>> {
         let inner = Arc::clone(&self.inner);
         Box::pin(async move {
-            let mut held = inner.keys.lock().map_err(|_| {
-                NodeFailure::Reply(redis::RedisError::from((
-                    redis::ErrorKind::Client,
-                    "poisoned",
-                )))
-            })?;
+            let mut held = inner
+                .keys
+                .lock()
+                .map_err(|_| error_reply("poisoned".to_owned()))?;
             let now = Instant::now();
             held.retain(|_, (_, expires)| *expires > now);
             // As scripts/inspect.lua: a string longer than that is not read (no value).
@@ -254,12 +253,10 @@ impl FakeNode {
         let inner = Arc::clone(&self.inner);
         let claim = claim.clone();
         Box::pin(async move {
-            let mut keys = inner.keys.lock().map_err(|_| {
-                NodeFailure::Reply(redis::RedisError::from((
-                    redis::ErrorKind::Client,
-                    "poisoned",
-                )))
-            })?;
+            let mut keys = inner
+                .keys
+                .lock()
+                .map_err(|_| error_reply("poisoned".to_owned()))?;
             let now = Instant::now();
             keys.retain(|_, (_, expires)| *expires > now);
             let expires = now + Duration::from_millis(claim.ttl_ms);
@@ -314,10 +311,7 @@ impl Node for FakeNode {
             match behaviour {
                 Fake::Grant => Ok(1),
                 Fake::Deny => Ok(0),
-                Fake::Fail => Err(NodeFailure::Reply(redis::RedisError::from((
-                    redis::ErrorKind::Client,
-                    "injected",
-                )))),
+                Fake::Fail => Err(error_reply("injected".to_owned())),
                 Fake::Slow(d) => {
                     tokio::time::sleep(d).await;
                     Ok(ran.unwrap_or(1))

@@ -43,10 +43,7 @@ pub(crate) type Reply = oneshot::Sender<Result<i64, NodeFailure>>;
 
 /// The serving task of a node's queue is gone: its runtime shut down.
 pub(crate) fn stopped() -> NodeFailure {
-    NodeFailure::Reply(::redis::RedisError::from((
-        ::redis::ErrorKind::Client,
-        "the node's request queue stopped (its runtime shut down)",
-    )))
+    NodeFailure::NotRun("the node's request queue stopped (its runtime shut down)")
 }
 
 /// Which script a request runs.
@@ -296,11 +293,9 @@ async fn advised<T>(
 ) -> Result<T, NodeFailure> {
     let call = node.advise(advisory);
     expect(call.await?).map_err(|other| {
-        NodeFailure::Reply(::redis::RedisError::from((
-            ::redis::ErrorKind::Client,
-            "a node answered an advisory call with another kind of answer",
-            format!("{other:?}"),
-        )))
+        NodeFailure::UnexpectedReply(format!(
+            "an advisory call answered with another kind of answer: {other:?}"
+        ))
     })
 }
 

@@ -8,18 +8,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::{Cmd, RedisError, Value};
 use tokio::time::Sleep;
 
 use super::Op;
 use super::batch::{
-    BATCH, Link, Replies, Run, Touch, check_count, count_mismatch, evalsha, passing_code,
-    write_call,
+    BATCH, Link, Replies, Run, Touch, check_count, count_mismatch, evalsha, write_call,
 };
 use super::connection::{Connection, LazyConnection};
 use super::identity::{Due, Identity};
 use super::plain::{self, PlainSupport, Plan};
-use crate::error::NodeFailure;
+use crate::error::{Class, NodeFailure};
 
 /// One server's link: the batch as one `EVALSHA` over its [`LazyConnection`], or, on a
 /// server with compare-and-delete, as one pipeline of plain commands and script calls (see
@@ -65,7 +64,7 @@ impl ServerLink {
         let detected = match conn.req_packed_command(&plain::detection()).await {
             Ok(command_info) => PlainSupport::detected(&command_info),
             // Lost on the way: ask again on the next call.
-            Err(err) if err.is_io_error() || err.is_connection_dropped() => {
+            Err(err) if Class::of(&err) == Class::Lost => {
                 return PlainSupport::default();
             }
             Err(_) => PlainSupport::default(),
@@ -101,7 +100,7 @@ impl ServerLink {
                 .req_packed_commands(&plan.pipeline, 0, plan.commands)
                 .await
             {
-                Err(err) if err.is_io_error() || err.is_connection_dropped() => {
+                Err(err) if Class::of(&err) == Class::Lost => {
                     tracing::debug!(%err, "connection lost; retrying the batch once");
                     self.identity.suspect();
                     conn = self.connection.connection().await?;
@@ -173,7 +172,7 @@ impl ServerLink {
             let mut replies: Vec<Result<Value, NodeFailure>> = std::mem::take(&mut outcome.replies)
                 .into_iter()
                 .map(|reply| match reply {
-                    Some(Value::ServerError(err)) if passing_code(err.code()) => {
+                    Some(Value::ServerError(err)) if Class::of_code(err.code()).retried() => {
                         Err(NodeFailure::Reply(RedisError::from(err)))
                     }
                     reply => Ok(reply.unwrap_or(Value::Nil)),
@@ -207,10 +206,10 @@ impl ServerLink {
                         }
                     }
                     other => {
-                        let failure = NodeFailure::from(match other {
-                            Err(err) => err,
-                            Ok(_) => count_mismatch(),
-                        });
+                        let failure = match other {
+                            Err(err) => NodeFailure::from(err),
+                            Ok(values) => count_mismatch(values.len(), outcome.again.len()),
+                        };
                         for &i in &outcome.again {
                             replies[i] = Err(failure.clone());
                         }
@@ -282,10 +281,11 @@ impl ServerLink {
             Ok(replies) => return Ok(self.without_marker(expected, replies)),
             Err(err) => err,
         };
-        let noscript = err.kind() == ErrorKind::Server(ServerErrorKind::NoScript);
-        if !(noscript || err.is_io_error() || err.is_connection_dropped()) {
+        let class = Class::of(&err);
+        if !class.restart_sign() {
             return Err(err.into());
         }
+        let noscript = class == Class::NoScript;
         self.identity.suspect();
         if noscript {
             // The script is loaded first (beside the identity check, in one round trip), so
@@ -407,11 +407,8 @@ fn marker_to_check<'a, 'r>(
 /// The failure of a request not run again in the script because a later request of its lock
 /// already ran (see `send_plain`).
 fn not_run_again() -> NodeFailure {
-    NodeFailure::Reply(RedisError::from((
-        ErrorKind::Extension,
-        "not run",
+    NodeFailure::NotRun(
         "the script was not run for this request: a later request of the same lock (its \
-         release) had already run on the node"
-            .to_owned(),
-    )))
+         release) had already run on the node",
+    )
 }

@@ -167,14 +167,7 @@ pub(crate) async fn acquire_round(
 /// (restart quarantine), or it replied with an error. Its release is then as quick as its
 /// answer was, and worth waiting for.
 fn answered(failure: &NodeFailure) -> bool {
-    match failure {
-        NodeFailure::Quarantined { .. } | NodeFailure::Reply(_) | NodeFailure::Permission(_) => {
-            true
-        }
-        NodeFailure::Timeout(_) | NodeFailure::Connection(_) | NodeFailure::Overloaded { .. } => {
-            false
-        }
-    }
+    failure.class().answered()
 }
 
 /// The release that undoes a failed attempt's acquire. It keeps the attempt's place in any

@@ -9,12 +9,12 @@ use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, ErrorKind, Script, ServerErrorKind, Value};
+use redis::{Cmd, Script, Value};
 use tokio::sync::oneshot;
 use tokio::time::Sleep;
 
 use super::{Op, Reply, Request};
-use crate::error::NodeFailure;
+use crate::error::{Class, NodeFailure};
 
 const BATCH_SOURCE: &str = include_str!("../../scripts/batch.lua");
 /// The batch script, for the links that send it.
@@ -387,13 +387,13 @@ pub(super) fn write_call<'r>(
     }
 }
 
-/// Answers `run` with `failure` and, after a failure that may pass ([`passing`]), hands its
+/// Answers `run` with `failure` and, after a failure that may pass (`Class::retried`), hands its
 /// release or leave to `resend` (see [`Batch::fail`]).
 fn fail_run(run: Run, failure: &NodeFailure, resend: &mut Vec<Job>) {
     if let Some(reply) = run.reply {
         let _ = reply.send(Err(failure.clone()));
     }
-    if !passing(failure) || !matches!(run.req.op, Op::Release | Op::Leave) {
+    if !failure.class().retried() || !matches!(run.req.op, Op::Release | Op::Leave) {
         return;
     }
     // A release until its lock's keys expire; a leave until its waiter's lease ends.
@@ -409,23 +409,6 @@ fn fail_run(run: Run, failure: &NodeFailure, resend: &mut Vec<Job>) {
             resend_until: Some(until),
         });
     }
-}
-
-/// Whether `failure` may pass, so that the same request gets through later: a time-out, a
-/// lost connection, or a server busy with a script or still loading its data (`BUSY`,
-/// `LOADING`, and a cluster's `TRYAGAIN` / `MASTERDOWN`).
-fn passing(failure: &NodeFailure) -> bool {
-    match failure {
-        NodeFailure::Timeout(_) | NodeFailure::Connection(_) => true,
-        NodeFailure::Reply(err) => err.code().is_some_and(passing_code),
-        _ => false,
-    }
-}
-
-/// Whether a server error `code` says the server will take the same request later: busy
-/// with a script, loading its data, or a cluster in a failover.
-pub(super) fn passing_code(code: &str) -> bool {
-    matches!(code, "BUSY" | "LOADING" | "TRYAGAIN" | "MASTERDOWN")
 }
 
 /// Until when a release or leave given up now is sent again: `ttl_ms` from now (its lock's TTL,
@@ -444,7 +427,7 @@ pub(super) async fn evalsha(
     connection: &mut impl ConnectionLike,
 ) -> redis::RedisResult<Vec<Value>> {
     match command.query_async(connection).await {
-        Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+        Err(err) if Class::of(&err) == Class::NoScript => {
             BATCH.load_async(connection).await?;
             command.query_async(connection).await
         }
@@ -456,18 +439,19 @@ pub(super) fn check_count(replies: usize, requests: usize) -> Result<(), NodeFai
     if replies == requests {
         Ok(())
     } else {
-        Err(NodeFailure::Reply(count_mismatch()))
+        Err(count_mismatch(replies, requests))
     }
 }
 
-pub(super) fn count_mismatch() -> redis::RedisError {
-    redis::RedisError::from((
-        redis::ErrorKind::UnexpectedReturnType,
-        "the batch script returned a reply count other than the request count",
+pub(super) fn count_mismatch(replies: usize, requests: usize) -> NodeFailure {
+    NodeFailure::UnexpectedReply(format!(
+        "{replies} replies to a batch of {requests} requests"
     ))
 }
 
-fn error_reply(detail: String) -> NodeFailure {
+/// An operation's error, as the batch script (or a plain command) replied it: that request's
+/// own answer, final.
+pub(crate) fn error_reply(detail: String) -> NodeFailure {
     NodeFailure::Reply(redis::RedisError::from((
         redis::ErrorKind::Extension,
         "error reply",

@@ -9,6 +9,7 @@ use redis::Value;
 
 use super::{Asked, Identity};
 use crate::clock;
+use crate::error::Class;
 use crate::memory::{Entry, Marker, Reading};
 
 impl Identity {
@@ -44,7 +45,7 @@ impl Identity {
         let mut reading = None;
         if asked.memory {
             match replies.next() {
-                Some(Value::ServerError(err)) if err.code() == "NOSCRIPT" => {
+                Some(Value::ServerError(err)) if Class::of_code(err.code()) == Class::NoScript => {
                     // A server that no longer has the script may have restarted.
                     self.state().loaded = false;
                     failed = true;

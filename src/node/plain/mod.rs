@@ -25,6 +25,7 @@ use redis::{Cmd, Pipeline, RedisWrite, ToRedisArgs, Value};
 
 use super::batch::{BATCH, Run, Touch, write_script};
 use super::{Op, Request};
+use crate::error::Class;
 use crate::helper_keys::WAITING;
 
 /// What a server link knows of its server's commands, for the connection it uses. `false`
@@ -286,7 +287,7 @@ impl Plan {
                             outcome.replies[index] = Some(value);
                         }
                     }
-                    Value::ServerError(err) if err.code() == "NOSCRIPT" => {
+                    Value::ServerError(err) if Class::of_code(err.code()) == Class::NoScript => {
                         outcome.noscript = true;
                         outcome.again.extend(range.clone());
                     }

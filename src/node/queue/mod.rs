@@ -33,7 +33,6 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use redis::ErrorKind;
 use tokio::runtime;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
@@ -93,10 +92,9 @@ impl Queue {
             return Ok(submit(first));
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return Err(NodeFailure::Reply(redis::RedisError::from((
-                redis::ErrorKind::Client,
+            return Err(NodeFailure::NotRun(
                 "redfence needs a Tokio runtime to talk to a node",
-            ))));
+            ));
         };
         if self.started.get().is_none() {
             // First use.
@@ -242,11 +240,10 @@ impl StartedQueue {
         match self.served(answer).await {
             Some(Ok(reply)) => reply,
             Some(Err(_)) => Err(stopped()),
-            None => Err(NodeFailure::Reply(redis::RedisError::from((
-                ErrorKind::Client,
+            None => Err(NodeFailure::NotRun(
                 "the node's request queue runs on another Tokio runtime, which is not \
                  running (a current-thread runtime outside block_on?)",
-            )))),
+            )),
         }
     }
 
