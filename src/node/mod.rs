@@ -15,7 +15,6 @@ pub(crate) mod identity;
 mod plain;
 mod queue;
 mod redis;
-mod rw_call;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 mod server_link;
@@ -84,6 +83,81 @@ pub(crate) struct Request {
     /// A read-write lock's operation (its keys are the lock's three: writer, readers,
     /// writer-waiting): the batch script's read-write kinds, never a plain command.
     pub(crate) rw: Option<Arc<RwOp>>,
+}
+
+impl Request {
+    /// Which of the batch script's operations this request is: decided here, from the
+    /// request's shape, for every encoder (the script call, the plain commands).
+    pub(crate) fn command(&self) -> Command {
+        if let Some(rw) = self.rw.as_deref() {
+            return Command::ReadWrite(rw.mode, self.op);
+        }
+        match (self.op, self.queue.is_some()) {
+            (Op::Acquire, false) => Command::Acquire,
+            (Op::Acquire, true) => Command::FairAcquire,
+            (Op::Extend, false) => Command::Extend,
+            (Op::Extend, true) => Command::FairExtend,
+            (Op::Release, false) => Command::Release,
+            (Op::Release, true) => Command::FairRelease,
+            (Op::Leave, _) => Command::Leave,
+        }
+    }
+}
+
+/// One of the batch script's operations (`scripts/batch.lua`), as a request's shape says
+/// ([`Request::command`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Command {
+    /// `a`: set every key if none exists.
+    Acquire,
+    /// `f`: the same, for the waiter at the head of every key's fair line only.
+    FairAcquire,
+    /// `e` (or `E`, repairing a missing key on a server out of quarantine): re-arm every key
+    /// that holds the token.
+    Extend,
+    /// The same, for a lock taken in the fair line (the script's alone: never a plain
+    /// command).
+    FairExtend,
+    /// `r`: delete every key that holds the token.
+    Release,
+    /// `R`: the same, leaving the fair line too.
+    FairRelease,
+    /// `l`: leave the fair line.
+    Leave,
+    /// A read-write lock's operation: its side, then the operation (`ra`, `re`, `rr`; `wa`,
+    /// `we`, `wr`, `wl`). Never repaired, never a plain command.
+    ReadWrite(RwMode, Op),
+}
+
+impl Command {
+    /// The batch script's name for it; an extension as `E` with `repair`.
+    pub(crate) fn script_kind(self, repair: bool) -> &'static str {
+        match self {
+            Command::Acquire => "a",
+            Command::FairAcquire => "f",
+            Command::Extend | Command::FairExtend if repair => "E",
+            Command::Extend | Command::FairExtend => "e",
+            Command::Release => "r",
+            Command::FairRelease => "R",
+            Command::Leave => "l",
+            Command::ReadWrite(RwMode::Read, Op::Acquire) => "ra",
+            Command::ReadWrite(RwMode::Read, Op::Extend) => "re",
+            Command::ReadWrite(RwMode::Read, Op::Release | Op::Leave) => "rr",
+            Command::ReadWrite(RwMode::Write, Op::Acquire) => "wa",
+            Command::ReadWrite(RwMode::Write, Op::Extend) => "we",
+            Command::ReadWrite(RwMode::Write, Op::Release) => "wr",
+            Command::ReadWrite(RwMode::Write, Op::Leave) => "wl",
+        }
+    }
+
+    /// Whether the script takes the fair line's three arguments after the common four
+    /// (waiter, ticket, lease).
+    fn in_line(self) -> bool {
+        matches!(
+            self,
+            Command::FairAcquire | Command::FairRelease | Command::Leave
+        )
+    }
 }
 
 /// Which side of a read-write lock a request is for.
@@ -383,8 +457,51 @@ pub(crate) type KeyRow = (String, Option<Vec<u8>>, i64);
 /// The nodes of a lock manager, in the order the builder was given them.
 pub(crate) type Nodes = [Arc<dyn Node>];
 
-#[cfg(all(test, feature = "cluster"))]
+#[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn a_requests_shape_names_its_command_once_for_every_encoder() {
+        let ticket = Arc::new(QueueTicket {
+            waiter: "w".into(),
+            ticket: 1,
+            lease_ms: 1,
+        });
+        let rw = Arc::new(RwOp {
+            mode: RwMode::Write,
+            waiter: "w".into(),
+            wait_ms: 1,
+        });
+        let req = |op, queue: Option<&Arc<QueueTicket>>, rw: Option<&Arc<RwOp>>| Request {
+            op,
+            keys: vec!["k".to_owned()].into(),
+            token: "t".into(),
+            ttl_ms: 1,
+            queue: queue.cloned(),
+            rw: rw.cloned(),
+        };
+        let kinds = |repair| {
+            [
+                req(Op::Acquire, None, None),
+                req(Op::Acquire, Some(&ticket), None),
+                req(Op::Extend, None, None),
+                req(Op::Extend, Some(&ticket), None),
+                req(Op::Release, None, None),
+                req(Op::Release, Some(&ticket), None),
+                req(Op::Leave, Some(&ticket), None),
+                req(Op::Leave, None, Some(&rw)),
+            ]
+            .map(|r| r.command().script_kind(repair))
+        };
+        assert_eq!(kinds(false), ["a", "f", "e", "e", "r", "R", "l", "wl"]);
+        assert_eq!(kinds(true), ["a", "f", "E", "E", "r", "R", "l", "wl"]);
+        assert!(Command::FairAcquire.in_line() && !Command::FairExtend.in_line());
+    }
+}
+
+#[cfg(all(test, feature = "cluster"))]
+mod cluster_tests {
     use super::VoterKind;
 
     #[test]

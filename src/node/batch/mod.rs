@@ -356,34 +356,32 @@ pub(super) fn write_call<'r>(
         script.arg("-");
     }
     for Run { req, .. } in runs {
-        if let Some(rw) = req.rw.as_deref() {
-            super::rw_call::write(script, req, rw);
-            continue;
-        }
-        let kind = match (req.op, &req.queue) {
-            (Op::Acquire, None) => "a",
-            (Op::Acquire, Some(_)) => "f",
-            (Op::Extend, _) if repair => "E",
-            (Op::Extend, _) => "e",
-            (Op::Release, None) => "r",
-            (Op::Release, Some(_)) => "R",
-            (Op::Leave, _) => "l",
-        };
-        script
-            .arg(kind)
-            .arg(&*req.token)
-            .arg(req.ttl_ms)
-            .arg(req.keys.len());
-        if matches!(kind, "f" | "l" | "R") {
-            let (waiter, ticket, lease) = req
-                .queue
-                .as_deref()
-                .map_or(("", 0, 0), |q| (&*q.waiter, q.ticket, q.lease_ms));
-            script.arg(waiter).arg(ticket).arg(lease);
-        }
+        write_args(script, req, repair);
     }
     if marker.is_some() {
         script.arg("m").arg("").arg(0).arg(1);
+    }
+}
+
+/// Writes `req`'s arguments in a call of the batch script: its kind, token, TTL and key count,
+/// then what its kind takes besides: a fair line's waiter, ticket and lease; a read-write
+/// lock's waiter id and waiting-mark time.
+fn write_args(script: &mut Cmd, req: &Request, repair: bool) {
+    let command = req.command();
+    script
+        .arg(command.script_kind(repair))
+        .arg(&*req.token)
+        .arg(req.ttl_ms)
+        .arg(req.keys.len());
+    if command.in_line() {
+        let (waiter, ticket, lease) = req
+            .queue
+            .as_deref()
+            .map_or(("", 0, 0), |q| (&*q.waiter, q.ticket, q.lease_ms));
+        script.arg(waiter).arg(ticket).arg(lease);
+    }
+    if let Some(rw) = req.rw.as_deref() {
+        script.arg(&*rw.waiter).arg(rw.wait_ms);
     }
 }
 

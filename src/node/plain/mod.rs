@@ -24,7 +24,7 @@ use std::ops::Range;
 use redis::{Cmd, Pipeline, RedisWrite, ToRedisArgs, Value};
 
 use super::batch::{BATCH, Run, Touch, write_script};
-use super::{Op, Request};
+use super::{Command, Op, Request};
 use crate::error::Class;
 use crate::helper_keys::WAITING;
 
@@ -77,17 +77,17 @@ impl PlainSupport {
 
     /// How `req` goes: as a plain command of this kind, or in the script (`None`).
     fn plain(self, req: &Request) -> Option<Plain> {
-        // A read-write lock's operations are the script's alone (three keys, a sorted set).
-        if req.queue.is_some() || req.rw.is_some() || req.keys.len() != 1 {
+        // A fair line's and a read-write lock's operations are the script's alone (a sorted
+        // set, three keys).
+        if req.keys.len() != 1 {
             return None;
         }
         let delete = self.delete?;
-        match req.op {
-            Op::Acquire if self.released => Some(Plain::Acquire),
-            Op::Acquire => None,
-            Op::Extend => Some(Plain::Extend),
-            Op::Release => Some(Plain::Release(delete)),
-            Op::Leave => None,
+        match req.command() {
+            Command::Acquire if self.released => Some(Plain::Acquire),
+            Command::Extend => Some(Plain::Extend),
+            Command::Release => Some(Plain::Release(delete)),
+            _ => None,
         }
     }
 
