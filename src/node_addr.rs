@@ -122,8 +122,12 @@ impl NodeAddr {
 
     /// The master that a Sentinel group calls `master`, as **one** voter, found through the
     /// sentinels at `sentinels` (their URLs). The master is resolved through the sentinels on
-    /// first use and again after any failure of its connection (a failover demotes it). The
-    /// master is reached without TLS, user or password in this version. Feature `sentinel`.
+    /// first use and again after any failure of its connection (a failover demotes it), or
+    /// once calls have gone unanswered for 5 s. It is a server like any other: plain commands,
+    /// [fair mode](crate::RedlockBuilder::fair), the release hand-off and the
+    /// [restart quarantine](crate::RedlockBuilder::restart_quarantine), where a new master (a
+    /// new `run_id`) counts as a restart. The master is reached without TLS, user or password
+    /// in this version. Feature `sentinel`.
     ///
     /// **Safety caveat**: replication is asynchronous, so a failover can promote a replica
     /// that never received a grant: the voter forgets the lock, like a restart without
@@ -187,7 +191,7 @@ impl NodeAddr {
         let client = self.client(index)?;
         let identities = address::identities(client.get_connection_info());
         Ok(server_voter(
-            Source::Direct(client),
+            Source::Direct(Arc::new(client)),
             VoterKind::Server,
             identities,
             config,
@@ -366,7 +370,7 @@ fn sentinel_node(
         }
         infos.push(client.get_connection_info().clone());
     }
-    let source = crate::node::Sentinels::new(infos, master, addr.clone())
+    let source = crate::node::Sentinels::new(infos, master.to_owned(), addr.clone())
         .map_err(|err| bad(err.to_string()))?;
     Ok(server_voter(
         Source::Sentinels(Arc::new(source)),

@@ -115,7 +115,7 @@ impl RedisCounter {
 
     fn build(client: Client, prefix: String, timeout: Duration, stripes: Option<Stripes>) -> Self {
         let issuer = RedisIssuer {
-            conn: ServerConnection::new(Source::Direct(client.clone()), timeout),
+            conn: ServerConnection::new(Source::Direct(client.clone().into()), timeout),
             striped: stripes.map(|stripes| StripedKeys::new(&prefix, stripes)),
             prefix,
         };

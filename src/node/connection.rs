@@ -307,7 +307,7 @@ impl<C> State<C> {
 pub(crate) enum Source {
     /// The server a client points at (TCP, TLS, a Unix socket): redis-rs's connection manager
     /// reconnects to it by itself after I/O errors.
-    Direct(Client),
+    Direct(Arc<Client>),
     /// The master a Sentinel group names: asked again after a failure that may mean it is no
     /// longer the master, or once calls have gone unanswered for [`PATIENCE`].
     #[cfg(feature = "sentinel")]
@@ -401,7 +401,7 @@ impl ServerConnection {
     /// master connected to now (`None` before the first connection).
     pub(crate) fn client(&self) -> Option<Client> {
         match &self.source {
-            Source::Direct(client) => Some(client.clone()),
+            Source::Direct(client) => Some(Client::clone(client)),
             #[cfg(feature = "sentinel")]
             Source::Sentinels(_) => self
                 .holder
@@ -468,10 +468,12 @@ impl ServerConnection {
                     Source::Direct(client) => {
                         let addr = client.get_connection_info().addr().to_string().into();
                         let config = settings.config(&client);
-                        let manager =
-                            ConnectionManager::new_lazy_with_config(client.clone(), config)?;
+                        let manager = ConnectionManager::new_lazy_with_config(
+                            Client::clone(&client),
+                            config,
+                        )?;
                         Server {
-                            client: Arc::new(client),
+                            client,
                             addr,
                             manager,
                         }

@@ -33,7 +33,7 @@ impl Sentinels {
     /// messages. Nothing is connected yet.
     pub(crate) fn new(
         sentinels: Vec<redis::ConnectionInfo>,
-        master: &str,
+        master: String,
         name: String,
     ) -> Result<Self, RedisError> {
         if sentinels.is_empty() {
@@ -44,7 +44,7 @@ impl Sentinels {
             .map(|sentinel| {
                 let client = SentinelClient::build(
                     vec![sentinel],
-                    master.to_owned(),
+                    master.clone(),
                     None,
                     SentinelServerType::Master,
                 )?;

@@ -132,6 +132,9 @@ fn monitor(port: u16) -> mpsc::Receiver<Vec<String>> {
     rx
 }
 
+/// How a group's servers are started.
+type Launcher = fn() -> Launch;
+
 fn args(words: &[&str]) -> Vec<String> {
     words.iter().map(|w| (*w).to_owned()).collect()
 }
@@ -141,8 +144,7 @@ fn args(words: &[&str]) -> Vec<String> {
 /// `DELEX … IFEQ` (Redis 8), with no script call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_one_key_lock_is_plain_commands_on_the_master() {
-    let kinds: [(&str, fn() -> Launch); 2] = [("Valkey 9", valkey9), ("Redis 8", redis8)];
-    for (name, launch) in kinds {
+    for (name, launch) in [("Valkey 9", valkey9 as Launcher), ("Redis 8", redis8)] {
         let group = SentinelGroup::start_launched(launch);
         let redlock = builder(&group)
             .node_timeout(Duration::from_secs(5))
@@ -160,11 +162,9 @@ async fn a_one_key_lock_is_plain_commands_on_the_master() {
         lock.extend(Duration::from_secs(20)).await.expect("extend");
         lock.release().await.expect("release");
         let deadline = Instant::now() + DEADLINE;
-        let mut ours = Vec::new();
-        while !ours
-            .last()
-            .is_some_and(|a: &Vec<String>| a.first().is_some_and(|c| c == "EXISTS"))
-        {
+        let mut ours: Vec<Vec<String>> = Vec::new();
+        let done = |ours: &[Vec<String>]| ours.last().is_some_and(|a| a[0] == "EXISTS");
+        while !done(&ours) {
             let left = deadline
                 .checked_duration_since(Instant::now())
                 .unwrap_or_else(|| panic!("{name}: the release never came: {ours:?}"));
