@@ -3,6 +3,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
+use super::server::{asks_again, is_not_master};
 use super::*;
 
 #[test]
