@@ -10,7 +10,7 @@ use crate::address;
 use crate::config::Config;
 use crate::error::ConfigError;
 use crate::memory::MemoryBook;
-use crate::node::{RedisNode, Tls, Voter, VoterKind, connect};
+use crate::node::{RedisNode, Source, Tls, Voter, VoterKind, connect};
 
 /// A Redis master to lock on: a URL (`redis://host:port/db`, `redis://user:password@host`,
 /// `rediss://host:port` for TLS, `redis+unix:///path/to/redis.sock`) or a [`redis::Client`],
@@ -122,8 +122,12 @@ impl NodeAddr {
 
     /// The master that a Sentinel group calls `master`, as **one** voter, found through the
     /// sentinels at `sentinels` (their URLs). The master is resolved through the sentinels on
-    /// first use and again after any failure of its connection (a failover demotes it). The
-    /// master is reached without TLS, user or password in this version. Feature `sentinel`.
+    /// first use and again after any failure of its connection (a failover demotes it), or
+    /// once calls have gone unanswered for 5 s. It is a server like any other: plain commands,
+    /// [fair mode](crate::RedlockBuilder::fair), the release hand-off and the
+    /// [restart quarantine](crate::RedlockBuilder::restart_quarantine), where a new master (a
+    /// new `run_id`) counts as a restart. The master is reached without TLS, user or password
+    /// in this version. Feature `sentinel`.
     ///
     /// **Safety caveat**: replication is asynchronous, so a failover can promote a replica
     /// that never received a grant: the voter forgets the lock, like a restart without
@@ -182,25 +186,18 @@ impl NodeAddr {
                         .into(),
                 });
             }
-            return sentinel_node(index, sentinels, master, config);
+            return sentinel_node(index, sentinels, master, config, tasks, memory);
         }
         let client = self.client(index)?;
         let identities = address::identities(client.get_connection_info());
-        let node = RedisNode::new(
-            client,
-            config.node_timeout,
-            config.native_commands,
-            config.quarantine(),
-            memory,
-            &config.key_prefix,
-            tasks.clone(),
-        );
-        Ok(Voter {
-            pubsub: Some(node.pubsub_client()),
-            node: Arc::new(node),
-            kind: VoterKind::Server,
+        Ok(server_voter(
+            Source::Direct(Arc::new(client)),
+            VoterKind::Server,
             identities,
-        })
+            config,
+            tasks,
+            memory,
+        ))
     }
 
     /// Connects with these TLS settings (a custom CA, a client certificate, ...). The URL must
@@ -309,14 +306,44 @@ fn cluster_node(
     })
 }
 
-/// A sentinel voter (node `index`). Its identity for duplicate detection is the master's name
-/// with the sentinels' addresses: two voters naming one master through one group are one.
+/// A one-server voter: the server `source` names, as a [`RedisNode`] (its queue, plain
+/// commands, restart quarantine, fair queue and release subscriber).
+fn server_voter(
+    source: Source,
+    kind: VoterKind,
+    identities: std::collections::BTreeSet<String>,
+    config: &Config,
+    tasks: &TaskTracker,
+    memory: &Arc<MemoryBook>,
+) -> Voter {
+    let node = RedisNode::new(
+        source,
+        config.node_timeout,
+        config.native_commands,
+        config.quarantine(),
+        memory,
+        &config.key_prefix,
+        tasks.clone(),
+    );
+    Voter {
+        pubsub: Some(node.pubsub()),
+        node: Arc::new(node),
+        kind,
+        identities,
+    }
+}
+
+/// A sentinel voter (node `index`): the master the sentinels name, as a server whose
+/// connection source is the sentinels. Its identity for duplicate detection is the master's
+/// name with the sentinels' addresses: two voters naming one master through one group are one.
 #[cfg(feature = "sentinel")]
 fn sentinel_node(
     index: usize,
     sentinels: &[String],
     master: &str,
     config: &Config,
+    tasks: &TaskTracker,
+    memory: &Arc<MemoryBook>,
 ) -> Result<Voter, ConfigError> {
     let addr = sentinel_addr(sentinels, master);
     let bad = |reason: String| ConfigError::BadNodeUrl {
@@ -343,15 +370,16 @@ fn sentinel_node(
         }
         infos.push(client.get_connection_info().clone());
     }
-    let node =
-        crate::node::SentinelNode::new(infos, master.to_owned(), addr.clone(), config.node_timeout)
-            .map_err(|err| bad(err.to_string()))?;
-    Ok(Voter {
-        node: Arc::new(node),
-        kind: VoterKind::Sentinel,
+    let source = crate::node::Sentinels::new(infos, master.to_owned(), addr.clone())
+        .map_err(|err| bad(err.to_string()))?;
+    Ok(server_voter(
+        Source::Sentinels(Arc::new(source)),
+        VoterKind::Sentinel,
         identities,
-        pubsub: None,
-    })
+        config,
+        tasks,
+        memory,
+    ))
 }
 
 impl From<&str> for NodeAddr {

@@ -204,8 +204,8 @@ impl RedlockBuilder {
     ///   take a free lock whoever waits.
     /// - A [`Semaphore`](crate::Semaphore)'s waiters queue on the semaphore's line (one fair
     ///   lock per semaphore), not on its slots; see its docs.
-    /// - Needs single-server nodes: `build()` refuses it with Redis Cluster or Sentinel
-    ///   voters ([`ConfigError::FairQueueUnsupported`]).
+    /// - Needs single-server nodes (a Sentinel group's master is one): `build()` refuses it
+    ///   with Redis Cluster voters ([`ConfigError::FairQueueUnsupported`]).
     pub fn fair(mut self, fair: bool) -> Self {
         self.config.fair = fair;
         self
@@ -249,7 +249,8 @@ impl RedlockBuilder {
     /// round trip of their own but the first. A server that refuses them for good (an ACL
     /// without `INFO` or `TIME`) is not quarantined for what they would show. Any other failure
     /// to read it, or a connection lost on any call, makes the server suspect: its votes do
-    /// not count until it is read again. Cluster and Sentinel voters are not quarantined.
+    /// not count until it is read again. A Sentinel voter is quarantined as a server, and a new
+    /// master (a failover) counts as a restart; Cluster voters are not quarantined.
     pub fn restart_quarantine(mut self, period: Duration) -> Self {
         self.config.restart_quarantine = Some(period);
         self

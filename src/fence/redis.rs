@@ -11,7 +11,7 @@ use super::batch::{Batcher, IssueBatch};
 use super::redis_stripes::StripedKeys;
 use super::{FencingCounter, Stripes};
 use crate::error::BoxError;
-use crate::node::{LazyConnection, Tls, connect};
+use crate::node::{ServerConnection, Source, Tls, connect};
 
 /// For each request of a batch in turn: reads every counter key of it, takes the largest
 /// value plus one (`INCR` for a single key) and stores it in every key; all atomically.
@@ -96,7 +96,7 @@ pub struct RedisCounter {
 
 /// What the batch task needs: the connection, the key prefix, and the stripes if striped.
 struct RedisIssuer {
-    conn: LazyConnection,
+    conn: ServerConnection,
     prefix: String,
     striped: Option<StripedKeys>,
 }
@@ -115,7 +115,7 @@ impl RedisCounter {
 
     fn build(client: Client, prefix: String, timeout: Duration, stripes: Option<Stripes>) -> Self {
         let issuer = RedisIssuer {
-            conn: LazyConnection::new(client.clone(), timeout),
+            conn: ServerConnection::new(Source::Direct(client.clone().into()), timeout),
             striped: stripes.map(|stripes| StripedKeys::new(&prefix, stripes)),
             prefix,
         };

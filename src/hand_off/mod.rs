@@ -37,7 +37,7 @@ pub(crate) struct HandOff {
     /// One subscriber per node that can subscribe, started with the first watch.
     subscribers: Mutex<Option<Vec<mpsc::UnboundedSender<Command>>>>,
     /// Each node's pub/sub client (`None` for voters that cannot subscribe).
-    clients: Vec<Option<redis::Client>>,
+    clients: Vec<Option<crate::node::PubSub>>,
 }
 
 /// What the subscribers and `HandOff` share.
@@ -106,7 +106,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl HandOff {
     /// Hand-off over the nodes whose pub/sub clients are `clients` (in node order; `None`
     /// for a voter that cannot subscribe).
-    pub(crate) fn new(clients: Vec<Option<redis::Client>>) -> Self {
+    pub(crate) fn new(clients: Vec<Option<crate::node::PubSub>>) -> Self {
         HandOff {
             state: Arc::new(State {
                 keys: Mutex::default(),

@@ -27,9 +27,10 @@ pub(super) enum Command {
     Unsubscribe(Vec<String>),
 }
 
-/// Serves one node until the `HandOff` is gone (its command channel closes).
+/// Serves one node until the `HandOff` is gone (its command channel closes), connecting to
+/// the server `client` names at each connect (a Sentinel group's master changes).
 pub(super) async fn run(
-    client: redis::Client,
+    client: crate::node::PubSub,
     node: usize,
     mut commands: mpsc::UnboundedReceiver<Command>,
     state: Weak<impl Released>,
@@ -37,7 +38,17 @@ pub(super) async fn run(
     let mut keys: HashSet<String> = HashSet::new();
     let mut failures: u32 = 0;
     loop {
-        let connected = tokio::time::timeout(Duration::from_secs(2), client.get_async_pubsub());
+        let Some(server) = client.client() else {
+            tracing::debug!(
+                node,
+                "no server known yet for the release subscriber; waiters poll"
+            );
+            if !wait_to_reconnect(&mut commands, &mut keys, &mut failures).await {
+                return;
+            }
+            continue;
+        };
+        let connected = tokio::time::timeout(Duration::from_secs(2), server.get_async_pubsub());
         let (mut sink, mut stream) = match connected.await {
             Ok(Ok(pubsub)) => pubsub.split(),
             Ok(Err(error)) => {

@@ -1,7 +1,7 @@
 //! The advisory calls every kind of node makes outside its queue (inspect, eviction policy,
 //! guarded write, run id), each one script or command (`EVALSHA`, loading the script on
-//! `NOSCRIPT`) on any connection, and, for the voters found through others (Cluster,
-//! Sentinel), the [`Connector`] they make them on.
+//! `NOSCRIPT`) on any connection, and, for a voter found through others (a Cluster), the
+//! [`Connector`] it makes them on.
 
 use std::future::Future;
 use std::sync::{Arc, LazyLock};
@@ -75,15 +75,6 @@ pub(crate) async fn run_id<C: ConnectionLike + Send>(
         .map(|id| id.trim().to_owned()))
 }
 
-/// [`Node::run_id`](super::Node::run_id) over a [`Connector`].
-#[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
-pub(crate) fn run_id_on<C: Connector>(
-    connector: &Arc<C>,
-) -> BoxFuture<'static, Result<Option<String>, NodeFailure>> {
-    let connector = Arc::clone(connector);
-    Box::pin(async move { on(&*connector, async |conn| run_id(conn).await).await })
-}
-
 /// Writes `write.key` if `write.lock_key` still holds our token, as
 /// [`Node::write_if_held`](super::Node::write_if_held).
 pub(crate) async fn write_if_held<C: ConnectionLike + Send>(
@@ -126,7 +117,7 @@ pub(crate) async fn rw_inspect<C: ConnectionLike + Send>(
 }
 
 /// [`rw_inspect`] over a [`Connector`].
-#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 pub(crate) fn rw_inspect_on<C: Connector>(
     connector: &Arc<C>,
     keys: Arc<[String]>,
@@ -136,7 +127,7 @@ pub(crate) fn rw_inspect_on<C: Connector>(
 }
 
 /// [`claim`] over a [`Connector`].
-#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 pub(crate) fn claim_on<C: Connector>(
     connector: &Arc<C>,
     request: &Claim,
@@ -145,9 +136,9 @@ pub(crate) fn claim_on<C: Connector>(
     Box::pin(async move { on(&*connector, async |conn| claim(conn, &request).await).await })
 }
 
-/// Where a voter found through others (a Cluster, a Sentinel group) gets the connection its
+/// Where a voter found through others (a Cluster) gets the connection its
 /// advisory calls use, and when it drops it.
-#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 pub(crate) trait Connector: Send + Sync + 'static {
     /// The connection the calls run on.
     type Conn: ConnectionLike + Send;
@@ -161,7 +152,7 @@ pub(crate) trait Connector: Send + Sync + 'static {
 }
 
 /// Runs `op` on `connector`'s connection and reports its failure to the connector.
-#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 pub(crate) async fn on<C: Connector, T>(
     connector: &C,
     op: impl AsyncFnOnce(&mut C::Conn) -> Result<T, RedisError>,
@@ -176,7 +167,7 @@ pub(crate) async fn on<C: Connector, T>(
 }
 
 /// [`Node::inspect`](super::Node::inspect) over a [`Connector`].
-#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 pub(crate) fn inspect_on<C: Connector>(
     connector: &Arc<C>,
     keys: Arc<[String]>,
@@ -187,20 +178,11 @@ pub(crate) fn inspect_on<C: Connector>(
 }
 
 /// [`Node::write_if_held`](super::Node::write_if_held) over a [`Connector`].
-#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 pub(crate) fn write_if_held_on<C: Connector>(
     connector: &Arc<C>,
     write: &GuardedWrite,
 ) -> BoxFuture<'static, Result<bool, NodeFailure>> {
     let (connector, write) = (Arc::clone(connector), write.clone());
     Box::pin(async move { on(&*connector, async |conn| write_if_held(conn, &write).await).await })
-}
-
-/// [`Node::eviction_policy`](super::Node::eviction_policy) over a [`Connector`] (one server).
-#[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
-pub(crate) fn eviction_policy_on<C: Connector>(
-    connector: &Arc<C>,
-) -> BoxFuture<'static, Result<String, NodeFailure>> {
-    let connector = Arc::clone(connector);
-    Box::pin(async move { on(&*connector, async |conn| eviction_policy(conn).await).await })
 }

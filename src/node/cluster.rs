@@ -17,8 +17,9 @@ use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::time::{Instant, Sleep};
 
 use super::batch::{Link, PATIENCE, Replies, Run, Touch, check_count, write_eval, write_script};
+use super::connection::Holder;
 use super::queue::Queue;
-use super::{Advice, Advisory, Node, NodeCall, Request, advice, advisory, cached};
+use super::{Advice, Advisory, Node, NodeCall, Request, advice, advisory};
 use crate::error::NodeFailure;
 
 /// One Redis Cluster, reached through its seed nodes, voting once. The connection is made on
@@ -34,7 +35,7 @@ pub(crate) struct ClusterNode {
 
 struct Shared {
     client: ClusterClient,
-    conn: cached::Cached<ClusterConnection>,
+    conn: Holder<ClusterConnection>,
 }
 
 /// How many connect timeouts making the cluster connection may take: the seeds, then the
@@ -59,8 +60,7 @@ impl ClusterNode {
             .build()?;
         let shared = Arc::new(Shared {
             client,
-            conn: cached::Cached::new(connect_timeout * DISCOVERY_STEPS)
-                .renewals_spaced(connect_timeout),
+            conn: Holder::new(connect_timeout * DISCOVERY_STEPS).renewals_spaced(connect_timeout),
         });
         let link_shared = Arc::clone(&shared);
         let queue = Queue::new(&addr, node_timeout, move || ClusterLink {
@@ -79,7 +79,7 @@ impl ClusterNode {
 impl Shared {
     /// Makes a new connection in the background (the seeds asked for the slot map again),
     /// which takes the place of the connection of `generation` once made; see
-    /// [`Cached::renew`](cached::Cached::renew).
+    /// [`Holder::renew`].
     fn renew(&self, generation: u64) {
         let client = self.client.clone();
         self.conn.renew(generation, move || async move {
@@ -107,7 +107,7 @@ impl advisory::Connector for Shared {
             err.kind(),
             ErrorKind::ClusterConnectionNotFound | ErrorKind::AuthenticationFailed
         ) {
-            self.conn.forget(generation).await;
+            self.conn.forget(generation);
         }
     }
 }

@@ -1,18 +1,15 @@
-//! One lazily made, shared, auto-reconnecting connection to a Redis server, which also
-//! recovers from failures that redis-rs's `ConnectionManager` never retries (a wrong password
-//! or a user disabled at connect time): the manager is then replaced, with backoff.
+//! The one connection holder ([`Holder`]) of every voter and of the Redis fencing counter, and a
+//! server's connection over it ([`ServerConnection`], in `server.rs`): redis-rs's multiplexed,
+//! auto-reconnecting connection to the server a [`Source`] names (its address, or the master
+//! the sentinels name).
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::{
-    Client, Cmd, ErrorKind, Pipeline, ProtocolVersion, PushInfo, PushKind, RedisError, RedisFuture,
-    Value,
-};
+use redis::{ErrorKind, RedisError};
 use tokio_util::task::TaskTracker;
 
-use super::identity::Identity;
 use crate::clock;
 
 /// The first wait before a new connection after a connect-time failure; it doubles with each
@@ -21,30 +18,46 @@ const FIRST_RECONNECT_DELAY: Duration = Duration::from_millis(100);
 /// The longest wait before a new connection after a connect-time failure.
 const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(2);
 
-/// One multiplexed, auto-reconnecting connection to a Redis server, made on first use
-/// (inside the caller's runtime) and shared by every call.
+/// A connection made once and shared by every call, counted by generation.
 ///
-/// redis-rs's `ConnectionManager` reconnects after I/O errors only: a connection whose
-/// handshake failed otherwise (`WRONGPASS`, `NOAUTH`, a native-tls handshake error) would
-/// fail every call for the life of the process. Such a failure drops the manager; the next call after a backoff (100 ms,
-/// doubling up to 2 s) makes a new one, and calls before then fail at once with the same error.
-pub(crate) struct LazyConnection {
-    client: Client,
-    slot: Arc<Mutex<Slot>>,
+/// Behaviour:
+/// - **Made lazily, in a task of its own**, bounded by the connect timeout: a call given up at
+///   `node_timeout` does not abandon it, so a later call finds it made (finding a server
+///   through others, the sentinels or a cluster's seeds, takes several round trips).
+/// - **Shared**: callers that come while it is being made wait for that making; those that
+///   waited for a making that failed get its error instead of trying again one after the other.
+/// - **Generations**: every connection made counts one more, so that what a caller learnt of
+///   one (a failure, a server's features) touches nothing newer.
+/// - **Refusals remembered**: a refusal at connect time (a wrong password, a disabled user, a
+///   failed TLS handshake), which redis-rs never retries, drops the connection; calls then fail
+///   at once with it until a backoff (100 ms, doubling up to 2 s) has passed.
+/// - **Renewable**: a new connection made in the background takes the place of the current one
+///   once made, spaced, never over a newer generation (see [`renew`](Self::renew)).
+pub(crate) struct Holder<C> {
+    state: Arc<Mutex<State<C>>>,
+    /// Held while a connection is being made.
+    making: Arc<tokio::sync::Mutex<()>>,
     connect_timeout: Duration,
-    /// Where the background connect runs, so that `Redlock::close` can wait for it.
+    /// The least time between the end of one [`renew`](Self::renew) and the start of the next.
+    renewal_spacing: Duration,
+    /// Where makings run, so that `Redlock::close` can wait for them.
     tasks: TaskTracker,
-    /// The server's identity, told of every connection lost (see [`Connection`]).
-    identity: Option<Arc<Identity>>,
 }
 
-/// The current manager, or why there is none and when to try again.
-#[derive(Default)]
-struct Slot {
-    manager: Option<ConnectionManager>,
-    /// Counts managers made, so that a stale connection's failure drops nothing newer.
-    generation: u64,
+/// What a [`Holder`] holds.
+struct State<C> {
+    /// The connection and its generation.
+    current: Option<(u64, C)>,
+    /// How many connections were made: the generation of the last one.
+    made: u64,
     refusals: Refusals,
+    /// The last failed making: when it ended, and why. Callers that were already waiting
+    /// for it get its error.
+    failed: Option<(tokio::time::Instant, RedisError)>,
+    /// Whether a [`Holder::renew`] is under way.
+    renewing: bool,
+    /// When the last [`Holder::renew`] ended.
+    renewed_at: Option<tokio::time::Instant>,
 }
 
 /// Refusals at connect time in a row (a wrong password, a disabled user, a failed TLS
@@ -90,152 +103,192 @@ impl Refusals {
     }
 }
 
-/// The connection a call uses: the shared manager, reporting connect-time failures back to
-/// its [`LazyConnection`], and every lost connection to the server's identity, whatever the
-/// call (a lock call, an advisory one): redis-rs reconnects after it without a word, and the
-/// server may have restarted meanwhile, so its votes must not count before its identity is
-/// read again.
-#[derive(Clone)]
-pub(crate) struct Connection {
-    manager: ConnectionManager,
-    slot: Arc<Mutex<Slot>>,
-    generation: u64,
-    identity: Option<Arc<Identity>>,
-}
-
-impl LazyConnection {
-    /// A connection to the server `client` points at, made on first use; connecting may take
-    /// up to `connect_timeout`. Callers bound each call themselves.
-    pub(crate) fn new(client: Client, connect_timeout: Duration) -> Self {
-        LazyConnection {
-            client,
-            slot: Arc::default(),
+impl<C: Clone + Send + 'static> Holder<C> {
+    /// Nothing made yet; `connect_timeout` bounds each making, and spaces renewals until
+    /// [`renewals_spaced`](Self::renewals_spaced) says otherwise.
+    pub(crate) fn new(connect_timeout: Duration) -> Self {
+        Holder {
+            state: Arc::new(Mutex::new(State {
+                current: None,
+                made: 0,
+                refusals: Refusals::default(),
+                failed: None,
+                renewing: false,
+                renewed_at: None,
+            })),
+            making: Arc::default(),
             connect_timeout,
+            renewal_spacing: connect_timeout,
             tasks: TaskTracker::new(),
-            identity: None,
         }
     }
 
-    /// The same, with its background connect tracked by `tasks`.
+    /// Leaves at least `spacing` between the end of one renewal and the start of the next.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub(crate) fn renewals_spaced(mut self, spacing: Duration) -> Self {
+        self.renewal_spacing = spacing;
+        self
+    }
+
+    /// The same, with its makings tracked by `tasks`.
     pub(crate) fn tracked_by(self, tasks: TaskTracker) -> Self {
-        LazyConnection { tasks, ..self }
+        Holder { tasks, ..self }
     }
 
-    /// The same, telling `identity` of every connection lost (a lock server's: see
-    /// [`Connection`]).
-    pub(crate) fn reporting_to(self, identity: Arc<Identity>) -> Self {
-        LazyConnection {
-            identity: Some(identity),
-            ..self
-        }
+    fn state(&self) -> MutexGuard<'_, State<C>> {
+        lock(&self.state)
     }
 
-    /// The client this connection is made from (for a dedicated pub/sub connection).
-    pub(crate) fn client(&self) -> &Client {
-        &self.client
+    /// The connection now, if one is made, with its generation.
+    pub(crate) fn current(&self) -> Option<(u64, C)> {
+        self.state().current.clone()
     }
 
-    /// The server's address, for messages.
-    pub(crate) fn addr(&self) -> String {
-        self.client.get_connection_info().addr().to_string()
-    }
-
-    /// The shared connection (a cheap clone). Fails at once with the last connect-time
-    /// failure while its backoff lasts.
-    pub(crate) async fn connection(&self) -> Result<Connection, RedisError> {
-        let mut slot = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(manager) = &slot.manager {
-            return Ok(Connection {
-                manager: manager.clone(),
-                slot: Arc::clone(&self.slot),
-                generation: slot.generation,
-                identity: self.identity.clone(),
-            });
-        }
-        slot.refusals.check()?;
-        let mut config = ConnectionManagerConfig::new();
-        // Over RESP3 redis-rs reconnects as soon as the server closes the connection, between
-        // calls, so no call sees the loss: its disconnection notice makes the server suspect.
-        if let Some(identity) = &self.identity
-            && self
-                .client
-                .get_connection_info()
-                .redis_settings()
-                .protocol()
-                == ProtocolVersion::RESP3
+    /// The connection and its generation, made by `make` (in a task of its own, bounded by
+    /// the connect timeout) when there is none. Fails at once with the last connect-time
+    /// refusal while its backoff lasts.
+    pub(crate) async fn get_or_make<Fut>(
+        &self,
+        make: impl FnOnce() -> Fut + Send + 'static,
+    ) -> Result<(u64, C), RedisError>
+    where
+        Fut: Future<Output = Result<C, RedisError>> + Send,
+    {
         {
-            let identity = Arc::clone(identity);
-            config = config.set_push_sender(move |push: PushInfo| {
-                if push.kind == PushKind::Disconnection {
-                    identity.suspect();
-                }
-                Ok::<(), std::convert::Infallible>(())
-            });
+            let state = self.state();
+            if let Some(current) = &state.current {
+                return Ok(current.clone());
+            }
+            state.refusals.check()?;
         }
-        let config = config
-            .set_connection_timeout(Some(self.connect_timeout))
-            // Every call is bounded by node_timeout in the quorum logic; a response
-            // timeout here would only race with it.
-            .set_response_timeout(None)
-            // One attempt per connect: a failed one ends at once with its error (refused,
-            // untrusted certificate), so that calls report it instead of timing out behind a
-            // retry loop; the next call that finds the connection failed starts a new one.
-            .set_number_of_retries(0)
-            // Reconnect quickly after a node restarts.
-            .set_max_delay(Duration::from_secs(1));
-        let manager = ConnectionManager::new_lazy_with_config(self.client.clone(), config)?;
-        slot.generation += 1;
-        slot.manager = Some(manager.clone());
-        let conn = Connection {
-            manager,
-            slot: Arc::clone(&self.slot),
-            generation: slot.generation,
-            identity: self.identity.clone(),
-        };
-        drop(slot);
-        // The first connection only progresses while a call polls it, and every call
-        // gives up after node_timeout: a handshake slower than that would never
-        // finish. Drive it in the background instead (reconnects already are).
-        let mut driver = conn.clone();
-        let limit = self.connect_timeout;
-        self.tasks.spawn(async move {
-            let ping = async move { redis::cmd("PING").query_async::<()>(&mut driver).await };
-            let _ = tokio::time::timeout(limit, ping).await;
+        let (state, making, timeout) = (
+            Arc::clone(&self.state),
+            Arc::clone(&self.making),
+            self.connect_timeout,
+        );
+        let asked = tokio::time::Instant::now();
+        let task = self.tasks.spawn(async move {
+            let _making = making.lock().await;
+            {
+                let state = lock(&state);
+                if let Some(current) = &state.current {
+                    return Ok(current.clone());
+                }
+                if let Some((at, err)) = &state.failed
+                    && *at > asked
+                {
+                    return Err(err.clone());
+                }
+                state.refusals.check()?;
+            }
+            let made = match tokio::time::timeout(timeout, make()).await {
+                Ok(made) => made,
+                Err(_) => Err(RedisError::from((
+                    ErrorKind::Io,
+                    "no connection within the connect timeout",
+                ))),
+            };
+            let mut state = lock(&state);
+            match made {
+                Ok(conn) => Ok((state.install(conn.clone()), conn)),
+                Err(err) => {
+                    state.failed = Some((tokio::time::Instant::now(), err.clone()));
+                    state.refusals.record(&err);
+                    Err(err)
+                }
+            }
         });
-        Ok(conn)
+        task.await
+            .map_err(|err| RedisError::from((ErrorKind::Io, "connect task", err.to_string())))?
+    }
+
+    /// Drops the connection of `generation` if it is still the current one (a newer one
+    /// stands): the next call makes a new one.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub(crate) fn forget(&self, generation: u64) {
+        self.state().forget(generation);
+    }
+
+    /// Makes a new connection with `make`, in a task of its own, and puts it in place of the
+    /// connection of `generation` once made; calls go on with that one meanwhile (the members
+    /// of a cluster that answer keep answering), and a failed making leaves it in place. Only
+    /// when `generation` is still the current one, no renewal is under way, and the last one
+    /// ended at least the renewal spacing ago: a server that stays hung costs one renewal at
+    /// a time, not one per call. Does not block; outside a Tokio runtime, does nothing.
+    pub(crate) fn renew<Fut>(&self, generation: u64, make: impl FnOnce() -> Fut + Send + 'static)
+    where
+        Fut: Future<Output = Result<C, RedisError>> + Send + 'static,
+    {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let mut state = self.state();
+        let now = tokio::time::Instant::now();
+        let recent = state
+            .renewed_at
+            .is_some_and(|at| now.duration_since(at) < self.renewal_spacing);
+        if state.renewing || recent || !state.holds(generation) {
+            return;
+        }
+        state.renewing = true;
+        drop(state);
+        let (state, timeout) = (Arc::clone(&self.state), self.connect_timeout);
+        self.tasks.spawn(async move {
+            let made = tokio::time::timeout(timeout, make()).await;
+            let mut state = lock(&state);
+            state.renewing = false;
+            state.renewed_at = Some(tokio::time::Instant::now());
+            // Not over a newer connection; in place of a forgotten one, as the next call
+            // would make.
+            if let Ok(Ok(conn)) = made
+                && (state.current.is_none() || state.holds(generation))
+            {
+                state.install(conn);
+            }
+        });
     }
 }
 
-impl Connection {
-    /// Counts the connections made to this server (a new one after a connect-time refusal):
-    /// what a caller learnt of the server on one holds for the same generation.
-    pub(crate) fn generation(&self) -> u64 {
-        self.generation
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<C> State<C> {
+    /// Makes `conn` the current connection, of a new generation, which it returns.
+    fn install(&mut self, conn: C) -> u64 {
+        self.made += 1;
+        self.current = Some((self.made, conn));
+        self.failed = None;
+        self.made
     }
 
-    /// Notes how a command ended: a lost connection makes the server suspect of a restart
-    /// (its identity is read before the next lock call, and its votes do not count until
-    /// then); a connect-time failure drops the manager (the next call after the backoff makes
-    /// a new one); a success ends a run of failures.
-    fn observe<T>(&self, result: &Result<T, RedisError>) {
-        if let (Err(err), Some(identity)) = (result, &self.identity)
-            && (err.is_io_error() || err.is_connection_dropped())
-        {
-            identity.suspect();
+    /// Whether the current connection is that of `generation`.
+    fn holds(&self, generation: u64) -> bool {
+        self.current
+            .as_ref()
+            .is_some_and(|(current, _)| *current == generation)
+    }
+
+    /// Drops the connection of `generation`, if it is the current one.
+    fn forget(&mut self, generation: u64) {
+        if self.holds(generation) {
+            self.current = None;
         }
-        let mut slot = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
-        match result {
-            Err(err) if needs_new_connection(err) => {
-                if slot.generation != self.generation || slot.manager.is_none() {
-                    return; // already replaced
-                }
-                slot.manager = None;
-                slot.refusals.record(err);
-            }
-            Ok(_) if slot.refusals.any() && slot.generation == self.generation => {
-                slot.refusals.clear();
-            }
-            _ => {}
+    }
+
+    /// Drops the connection of `generation` after `err`, a refusal at connect time (see
+    /// [`needs_new_connection`]): the next call after the backoff makes a new one.
+    fn refused(&mut self, generation: u64, err: &RedisError) {
+        if self.holds(generation) {
+            self.current = None;
+            self.refusals.record(err);
+        }
+    }
+
+    /// The connection of `generation` answered: a run of refusals is over.
+    fn answered(&mut self, generation: u64) {
+        if self.refusals.any() && self.holds(generation) {
+            self.refusals.clear();
         }
     }
 }
@@ -266,58 +319,12 @@ fn reconnect_delay(failures: u32) -> Duration {
         .min(MAX_RECONNECT_DELAY)
 }
 
-impl ConnectionLike for Connection {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        Box::pin(async move {
-            let result = self.manager.req_packed_command(cmd).await;
-            self.observe(&result);
-            result
-        })
-    }
+mod server;
 
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        Box::pin(async move {
-            let result = self
-                .manager
-                .req_packed_commands(pipeline, offset, count)
-                .await;
-            self.observe(&result);
-            result
-        })
-    }
-
-    fn get_db(&self) -> i64 {
-        self.manager.get_db()
-    }
-}
+pub(super) use server::Patient;
+pub(crate) use server::{Connection, ServerConnection, Source};
+#[cfg(feature = "sentinel")]
+pub(super) use server::{Server, Settings};
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_reconnect_delay_doubles_up_to_its_cap() {
-        assert_eq!(reconnect_delay(1), Duration::from_millis(100));
-        assert_eq!(reconnect_delay(2), Duration::from_millis(200));
-        assert_eq!(reconnect_delay(5), Duration::from_millis(1600));
-        assert_eq!(reconnect_delay(6), MAX_RECONNECT_DELAY);
-        assert_eq!(reconnect_delay(u32::MAX), MAX_RECONNECT_DELAY);
-    }
-
-    #[test]
-    fn only_connect_time_failures_need_a_new_connection() {
-        let auth = RedisError::from((ErrorKind::AuthenticationFailed, "WRONGPASS"));
-        assert!(needs_new_connection(&auth));
-        let tls = RedisError::from((ErrorKind::Client, "handshake failed"));
-        assert!(needs_new_connection(&tls));
-        let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
-        assert!(!needs_new_connection(&io));
-        let reply = RedisError::from((ErrorKind::UnexpectedReturnType, "not an integer"));
-        assert!(!needs_new_connection(&reply));
-    }
-}
+mod tests;

@@ -3,8 +3,6 @@
 
 mod advisory;
 mod batch;
-#[cfg(any(feature = "cluster", feature = "sentinel"))]
-mod cached;
 #[cfg(feature = "cluster")]
 mod cluster;
 pub(crate) mod connect;
@@ -30,12 +28,12 @@ use tokio::sync::oneshot;
 use crate::error::NodeFailure;
 
 pub use self::connect::Tls;
-pub(crate) use self::connection::LazyConnection;
+pub(crate) use self::connection::{ServerConnection, Source};
 pub(crate) use self::redis::RedisNode;
 #[cfg(feature = "cluster")]
 pub(crate) use cluster::ClusterNode;
 #[cfg(feature = "sentinel")]
-pub(crate) use sentinel::SentinelNode;
+pub(crate) use sentinel::Sentinels;
 
 /// Where one request's reply goes.
 pub(crate) type Reply = oneshot::Sender<Result<i64, NodeFailure>>;
@@ -264,7 +262,7 @@ pub(crate) trait Node: Send + Sync {
 
     /// Whether this node's votes count now, or it may have forgotten locks it granted (see
     /// [`RedlockBuilder::restart_quarantine`](crate::RedlockBuilder::restart_quarantine)).
-    /// Voters that do not track their memory (a Cluster, a Sentinel group, fakes) always count.
+    /// Voters that do not track their memory (a Cluster, fakes) always count.
     fn standing(&self) -> crate::memory::Standing {
         crate::memory::Standing::Counts
     }
@@ -278,15 +276,22 @@ pub(crate) enum VoterKind {
     /// A whole Redis Cluster: every key of a lock must be in one hash slot; no fair queue.
     #[cfg(feature = "cluster")]
     Cluster,
-    /// A Sentinel-managed master: no fair queue.
+    /// A Sentinel-managed master: one server, found through the sentinels; it runs the
+    /// batch script, fair queue included.
     #[cfg(feature = "sentinel")]
     Sentinel,
 }
 
 impl VoterKind {
-    /// Whether this kind of voter runs the fair queue (fair mode).
+    /// Whether this kind of voter runs the fair queue (fair mode): every one-server voter.
     pub(crate) fn queues(self) -> bool {
-        self == VoterKind::Server
+        match self {
+            VoterKind::Server => true,
+            #[cfg(feature = "sentinel")]
+            VoterKind::Sentinel => true,
+            #[cfg(feature = "cluster")]
+            VoterKind::Cluster => false,
+        }
     }
 
     /// Two keys of `keys` (their positions) that this kind of voter cannot run in one
@@ -316,9 +321,34 @@ pub(crate) struct Voter {
     pub(crate) kind: VoterKind,
     /// The server addresses it answers at (for duplicate detection).
     pub(crate) identities: std::collections::BTreeSet<String>,
-    /// A client for a dedicated pub/sub connection to it, on which waiters hear of releases
+    /// Where its dedicated pub/sub connection goes, on which waiters hear of releases
     /// (`redfence:released:<key>`); `None` for voters that cannot subscribe (waiters poll).
-    pub(crate) pubsub: Option<::redis::Client>,
+    pub(crate) pubsub: Option<PubSub>,
+}
+
+/// Where a voter's release subscriber connects: the client of the server that answers for
+/// the voter now, asked for at each connect (a Sentinel group's master changes).
+#[derive(Clone)]
+pub(crate) struct PubSub(Arc<dyn Fn() -> Option<::redis::Client> + Send + Sync>);
+
+impl PubSub {
+    /// The client `client` gives at each connect; `None` when no server is known yet.
+    pub(crate) fn new(
+        client: impl Fn() -> Option<::redis::Client> + Send + Sync + 'static,
+    ) -> Self {
+        PubSub(Arc::new(client))
+    }
+
+    /// The client to connect with now, if a server is known.
+    pub(crate) fn client(&self) -> Option<::redis::Client> {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for PubSub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PubSub")
+    }
 }
 
 /// A call outside the lock protocol: operators' reads and forced releases, a leader's
@@ -351,7 +381,7 @@ pub(crate) enum Advice {
 }
 
 /// `call`, an advisory call's own future, as [`Node::advise`] answers it.
-#[cfg(any(test, feature = "cluster", feature = "sentinel"))]
+#[cfg(any(test, feature = "cluster"))]
 pub(crate) fn advice<T: 'static>(
     call: BoxFuture<'static, Result<T, NodeFailure>>,
     kind: fn(T) -> Advice,

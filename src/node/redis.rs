@@ -1,14 +1,13 @@
 //! One Redis master: its lock calls on the node's queue ([`Queue`], which every kind of voter
-//! uses), sent over a lazy, shared `LazyConnection`.
+//! uses), sent over a lazy, shared `ServerConnection` to the server its source names.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use redis::Client;
 use tokio_util::task::TaskTracker;
 
-use super::connection::LazyConnection;
+use super::connection::{Patient, ServerConnection, Source};
 use super::identity::{Identity, QuarantineRule};
 use super::queue::Queue;
 use super::server_link::ServerLink;
@@ -18,24 +17,24 @@ use crate::memory::{MemoryBook, Standing};
 
 /// A Redis master. Every lock's lock calls go through the node's one [`Queue`], which sends
 /// them batched over redis-rs's multiplexed connection (whatever the address: TCP, TLS, a Unix
-/// socket); the advisory calls (`inspect`, guarded writes, `INFO memory`) use the same
-/// connection. It is made on first use, inside the caller's runtime, and remade after
-/// failures.
+/// socket, the master a Sentinel group names); the advisory calls (`inspect`, guarded writes,
+/// `INFO memory`) use the same connection. It is made on first use, inside the caller's
+/// runtime, and remade after failures.
 #[derive(Clone)]
 pub(crate) struct RedisNode {
     addr: String,
-    shared: Arc<LazyConnection>,
+    shared: Arc<ServerConnection>,
     /// The server's run id and quarantine, read by its link.
     identity: Arc<Identity>,
     queue: Queue,
 }
 
 impl RedisNode {
-    /// A master reached through `client`; `native_commands` as
+    /// A master reached through `source`; `native_commands` as
     /// `RedlockBuilder::native_commands`, `quarantine` as `RedlockBuilder::restart_quarantine`,
     /// its memory judged in `memory` with the other voters', its keys under `key_prefix`.
     pub(crate) fn new(
-        client: Client,
+        source: Source,
         node_timeout: Duration,
         native_commands: bool,
         quarantine: QuarantineRule,
@@ -43,8 +42,7 @@ impl RedisNode {
         key_prefix: &str,
         tasks: TaskTracker,
     ) -> Self {
-        let info = client.get_connection_info();
-        let addr = format!("{}/{}", info.addr(), info.redis_settings().db());
+        let addr = source.name();
         let identity = Arc::new(Identity::new(
             quarantine,
             Arc::clone(memory),
@@ -53,7 +51,7 @@ impl RedisNode {
             connect_timeout(node_timeout),
         ));
         let shared = Arc::new(
-            LazyConnection::new(client, connect_timeout(node_timeout))
+            ServerConnection::new(source, connect_timeout(node_timeout))
                 .tracked_by(tasks.clone())
                 .reporting_to(Arc::clone(&identity)),
         );
@@ -61,11 +59,12 @@ impl RedisNode {
         let connection = Arc::clone(&shared);
         let link_identity = Arc::clone(&identity);
         let queue = Queue::new(&addr, node_timeout, move || {
-            ServerLink::new(
+            let link = ServerLink::new(
                 Arc::clone(&connection),
                 native_commands,
                 Arc::clone(&link_identity),
-            )
+            );
+            Patient::new(link, Arc::clone(&connection))
         });
         RedisNode {
             addr,
@@ -75,9 +74,15 @@ impl RedisNode {
         }
     }
 
-    /// A client for a dedicated pub/sub connection to this server.
-    pub(crate) fn pubsub_client(&self) -> Client {
-        self.shared.client().clone()
+    /// A client for a dedicated pub/sub connection to this server, asked for at each connect
+    /// of the subscriber. For a Sentinel group's master, the master connected to now: the
+    /// subscriber follows a failover when its connection to the old master breaks (a killed
+    /// master), and while the old one lives on as a replica, the releases published on the
+    /// new master still reach it by replication. `None` before the first connection (waiters
+    /// poll until then).
+    pub(crate) fn pubsub(&self) -> super::PubSub {
+        let shared = Arc::clone(&self.shared);
+        super::PubSub::new(move || shared.client())
     }
 }
 
@@ -88,7 +93,7 @@ impl RedisNode {
 fn nudge_on_news(
     memory: &Arc<MemoryBook>,
     identity: &Arc<Identity>,
-    connection: &Arc<LazyConnection>,
+    connection: &Arc<ServerConnection>,
     tasks: TaskTracker,
     node_timeout: Duration,
 ) {

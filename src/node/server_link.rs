@@ -1,5 +1,5 @@
 //! One server's link under its queue: the batch as one `EVALSHA` of `scripts/batch.lua` over
-//! the server's [`LazyConnection`], or, on a server with compare-and-delete, one pipeline of
+//! the server's [`ServerConnection`], or, on a server with compare-and-delete, one pipeline of
 //! plain commands and script calls ([`plain`](super::plain)); the server's identity read
 //! when it is due.
 
@@ -15,17 +15,17 @@ use super::Op;
 use super::batch::{
     BATCH, Link, Replies, Run, Touch, check_count, count_mismatch, evalsha, write_call,
 };
-use super::connection::{Connection, LazyConnection};
+use super::connection::{Connection, ServerConnection};
 use super::identity::{Due, Identity};
 use super::plain::{self, PlainSupport, Plan};
 use crate::error::{Class, NodeFailure};
 
-/// One server's link: the batch as one `EVALSHA` over its [`LazyConnection`], or, on a
+/// One server's link: the batch as one `EVALSHA` over its [`ServerConnection`], or, on a
 /// server with compare-and-delete, as one pipeline of plain commands and script calls (see
 /// [`plain`](super::plain)); the server's [`Identity`] read when it is due (first call,
 /// lost connection, `NOSCRIPT`, every second).
 pub(super) struct ServerLink {
-    connection: Arc<LazyConnection>,
+    connection: Arc<ServerConnection>,
     identity: Arc<Identity>,
     /// The call being sent, kept for the next batch's (its allocation reused).
     script: Cmd,
@@ -38,7 +38,7 @@ pub(super) struct ServerLink {
 
 impl ServerLink {
     pub(super) fn new(
-        connection: Arc<LazyConnection>,
+        connection: Arc<ServerConnection>,
         native_commands: bool,
         identity: Arc<Identity>,
     ) -> Self {

@@ -4,7 +4,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::servers::binary;
+use crate::servers::Launch;
 use crate::{DEADLINE, Servers, free_port};
 
 /// The name the sentinels know the master by.
@@ -30,7 +30,13 @@ pub fn role(servers: &Servers, i: usize) -> String {
 impl SentinelGroup {
     /// Starts everything and waits until every sentinel knows the master and its replica.
     pub fn start() -> Self {
-        let servers = Servers::start(2);
+        Self::start_launched(Launch::default)
+    }
+
+    /// The same, every server and sentinel started as `launch` says (another binary: Valkey 9,
+    /// Redis 8).
+    pub fn start_launched(launch: impl Fn() -> Launch) -> Self {
+        let servers = Servers::start_launched(2, &[], |_| launch());
         let master_port = servers.port(0).to_string();
         servers.cmd::<()>(1, &["REPLICAOF", "127.0.0.1", &master_port]);
         // The master lists its replica before the sentinels start, so that each one's first
@@ -64,7 +70,9 @@ impl SentinelGroup {
                     ),
                 )
                 .expect("write sentinel.conf");
-                let child = Command::new(binary())
+                let launch = launch();
+                let child = Command::new(&launch.binary)
+                    .envs(launch.env.iter().map(|(k, v)| (k, v)))
                     .arg(&conf)
                     .arg("--sentinel")
                     .stdin(Stdio::null())

@@ -4,10 +4,16 @@
 //! replicated is forgotten, like a restart without persistence); a master that hangs then
 //! resumes runs a lock's release after its acquire; a master that hangs is left for the one
 //! the sentinels promote once the patience window has passed; a call its caller cancels early
-//! keeps the connection, and a sentinel that hangs is passed over.
+//! keeps the connection, and a sentinel that hangs is passed over. The voter is a server like
+//! any other: its restart quarantine (`quarantine.rs`), fair mode, plain commands and release
+//! hand-off (`like_a_server.rs`).
 #![cfg(feature = "sentinel")]
 
+#[path = "../support/mod.rs"]
 mod support;
+
+mod like_a_server;
+mod quarantine;
 
 use std::time::{Duration, Instant};
 
@@ -20,9 +26,12 @@ const TTL: Duration = Duration::from_secs(20);
 /// (the documented patience window), before it asks the sentinels again.
 const PATIENCE: Duration = Duration::from_secs(5);
 
+/// A client of the voter alone, quarantine off: a new master is a restart for the quarantine
+/// (see `quarantine.rs`), and these tests are about following the master.
 fn redlock(group: &SentinelGroup) -> Redlock {
     Redlock::builder()
         .node(NodeAddr::sentinel(group.urls(), MASTER))
+        .restart_quarantine(Duration::ZERO)
         .node_timeout(Duration::from_millis(500))
         .retry_delay(Duration::from_millis(20))
         .retry_jitter(Duration::from_millis(10))
