@@ -90,6 +90,8 @@ mod resource_type;
 mod retry;
 mod rwlock;
 mod semaphore;
+#[cfg(any(test, feature = "testing"))]
+pub(crate) mod testing;
 mod trace;
 mod using;
 

@@ -1,0 +1,457 @@
+//! The simulated server's keys: strings and sorted sets, each with its expiry on the server's
+//! clock, and the commands on them (the generic and string ones here, the sorted-set ones in
+//! `zset.rs`), as Redis 7.0 answers them.
+
+use std::collections::HashMap;
+
+use redis::Value;
+
+use super::reply::{self, bulk, not_integer, parse_int, syntax, wrong_type};
+use super::zset::{self, ZSet};
+
+/// What a key holds.
+#[derive(Clone, Debug)]
+pub(super) enum Data {
+    /// A string.
+    Str(Vec<u8>),
+    /// A sorted set (never empty: the last member's removal deletes the key).
+    Zset(ZSet),
+}
+
+/// A key's value and the server time (ms) it expires at, if any.
+#[derive(Clone, Debug)]
+pub(super) struct Entry {
+    /// The value.
+    pub(super) data: Data,
+    /// When the key expires (it is gone once the clock is past this instant).
+    pub(super) expires: Option<u64>,
+}
+
+/// The keys of one server and its clock.
+#[derive(Debug, Default)]
+pub(super) struct Keyspace {
+    keys: HashMap<Vec<u8>, Entry>,
+    /// The server's time, in ms.
+    pub(super) now: u64,
+}
+
+/// A command this server knows: its name as Redis writes it in errors, and its arity (as
+/// Redis: `n` exactly, `-n` at least `n`, the name included).
+pub(super) struct Spec {
+    /// The command's lower-case name.
+    pub(super) name: &'static str,
+    /// The number of arguments, the name included.
+    pub(super) arity: i32,
+}
+
+/// The data commands, with their arities (Redis 7.0's).
+const SPECS: &[Spec] = &[
+    Spec {
+        name: "get",
+        arity: 2,
+    },
+    Spec {
+        name: "set",
+        arity: -3,
+    },
+    Spec {
+        name: "del",
+        arity: -2,
+    },
+    Spec {
+        name: "exists",
+        arity: -2,
+    },
+    Spec {
+        name: "pexpire",
+        arity: -3,
+    },
+    Spec {
+        name: "pttl",
+        arity: 2,
+    },
+    Spec {
+        name: "getrange",
+        arity: 4,
+    },
+    Spec {
+        name: "strlen",
+        arity: 2,
+    },
+    Spec {
+        name: "incr",
+        arity: 2,
+    },
+    Spec {
+        name: "incrby",
+        arity: 3,
+    },
+    Spec {
+        name: "mget",
+        arity: -2,
+    },
+    Spec {
+        name: "type",
+        arity: 2,
+    },
+    Spec {
+        name: "time",
+        arity: 1,
+    },
+    Spec {
+        name: "publish",
+        arity: 3,
+    },
+    Spec {
+        name: "dbsize",
+        arity: 1,
+    },
+    Spec {
+        name: "zadd",
+        arity: -4,
+    },
+    Spec {
+        name: "zrange",
+        arity: -4,
+    },
+    Spec {
+        name: "zrangebyscore",
+        arity: -4,
+    },
+    Spec {
+        name: "zrem",
+        arity: -3,
+    },
+    Spec {
+        name: "zremrangebyscore",
+        arity: 4,
+    },
+    Spec {
+        name: "zscore",
+        arity: 3,
+    },
+    Spec {
+        name: "zcard",
+        arity: 2,
+    },
+];
+
+/// The data command called `name` (lower case), if this server knows it.
+pub(super) fn spec(name: &str) -> Option<&'static Spec> {
+    SPECS.iter().find(|spec| spec.name == name)
+}
+
+impl Spec {
+    /// Whether `argc` arguments (the name included) fit the arity.
+    pub(super) fn fits(&self, argc: usize) -> bool {
+        let argc = i64::try_from(argc).unwrap_or(i64::MAX);
+        let arity = i64::from(self.arity);
+        if arity >= 0 {
+            argc == arity
+        } else {
+            argc >= -arity
+        }
+    }
+}
+
+impl Keyspace {
+    /// No keys, the clock at `now` (ms).
+    pub(super) fn new(now: u64) -> Keyspace {
+        Keyspace {
+            keys: HashMap::new(),
+            now,
+        }
+    }
+
+    /// The live entry at `key` (not expired by the clock).
+    pub(super) fn entry(&self, key: &[u8]) -> Option<&Entry> {
+        self.keys
+            .get(key)
+            .filter(|entry| entry.expires.is_none_or(|at| at >= self.now))
+    }
+
+    /// The live entry at `key`, to change; an expired one is removed first.
+    pub(super) fn entry_mut(&mut self, key: &[u8]) -> Option<&mut Entry> {
+        if self.entry(key).is_none() {
+            self.keys.remove(key);
+            return None;
+        }
+        self.keys.get_mut(key)
+    }
+
+    /// Puts `entry` at `key`, over whatever was there.
+    pub(super) fn insert(&mut self, key: &[u8], entry: Entry) {
+        self.keys.insert(key.to_vec(), entry);
+    }
+
+    /// Removes `key`: whether it was live.
+    pub(super) fn remove(&mut self, key: &[u8]) -> bool {
+        let live = self.entry(key).is_some();
+        self.keys.remove(key);
+        live
+    }
+
+    /// Forgets every key.
+    pub(super) fn clear(&mut self) {
+        self.keys.clear();
+    }
+
+    /// The string at `key`: `Ok(None)` for none, `Err` for a key of another type.
+    pub(super) fn string(&self, key: &[u8]) -> Result<Option<&Vec<u8>>, Value> {
+        match self.entry(key).map(|entry| &entry.data) {
+            None => Ok(None),
+            Some(Data::Str(value)) => Ok(Some(value)),
+            Some(_) => Err(wrong_type()),
+        }
+    }
+
+    /// Runs the data command `name` (lower case, a known one whose arity fits) on `args` (the
+    /// name first).
+    pub(super) fn run(&mut self, name: &str, args: &[Vec<u8>]) -> Value {
+        let a = &args[1..];
+        match name {
+            "get" => match self.string(&a[0]) {
+                Ok(value) => value.map_or(Value::Nil, |v| bulk(v.clone())),
+                Err(e) => e,
+            },
+            "set" => self.set(a),
+            "del" => count(a.iter().filter(|key| self.remove(key)).count()),
+            "exists" => count(a.iter().filter(|key| self.entry(key).is_some()).count()),
+            "pexpire" => self.pexpire(a),
+            "pttl" => Value::Int(self.pttl(&a[0])),
+            "getrange" => self.getrange(a),
+            "strlen" => match self.string(&a[0]) {
+                Ok(value) => count(value.map_or(0, Vec::len)),
+                Err(e) => e,
+            },
+            "incr" => self.incr_by(&a[0], 1),
+            "incrby" => match parse_int(&a[1]) {
+                Some(by) => self.incr_by(&a[0], by),
+                None => not_integer(),
+            },
+            "mget" => Value::Array(
+                a.iter()
+                    .map(|key| match self.string(key) {
+                        Ok(Some(value)) => bulk(value.clone()),
+                        _ => Value::Nil,
+                    })
+                    .collect(),
+            ),
+            "type" => reply::status(match self.entry(&a[0]).map(|entry| &entry.data) {
+                None => "none",
+                Some(Data::Str(_)) => "string",
+                Some(Data::Zset(_)) => "zset",
+            }),
+            "time" => Value::Array(vec![
+                bulk((self.now / 1000).to_string()),
+                bulk((self.now % 1000 * 1000).to_string()),
+            ]),
+            "publish" => Value::Int(0),
+            "dbsize" => count(self.keys.keys().filter(|k| self.entry(k).is_some()).count()),
+            _ => zset::run(self, name, a),
+        }
+    }
+
+    /// `SET key value [NX | XX] [GET] [EX s | PX ms | EXAT s | PXAT ms | KEEPTTL]`.
+    fn set(&mut self, a: &[Vec<u8>]) -> Value {
+        let (mut nx, mut xx, mut get, mut keep) = (false, false, false, false);
+        // The expiry option: its unit in ms, whether absolute, and its argument.
+        let mut expiry: Option<(u64, bool, &[u8])> = None;
+        let mut j = 2;
+        while j < a.len() {
+            let opt = a[j].to_ascii_lowercase();
+            let next = a.get(j + 1);
+            match (opt.as_slice(), next) {
+                (b"nx", _) if !xx => nx = true,
+                (b"xx", _) if !nx => xx = true,
+                (b"get", _) => get = true,
+                (b"keepttl", _) if expiry.is_none() => keep = true,
+                (b"ex" | b"px" | b"exat" | b"pxat", Some(next)) if !keep => {
+                    let unit = if opt[0] == b'e' { 1000 } else { 1 };
+                    let absolute = opt.len() == 4;
+                    if expiry.is_some_and(|(u, abs, _)| (u, abs) != (unit, absolute)) {
+                        return syntax();
+                    }
+                    expiry = Some((unit, absolute, next));
+                    j += 1;
+                }
+                _ => return syntax(),
+            }
+            j += 1;
+        }
+        let mut expires = None;
+        if let Some((unit, absolute, text)) = expiry {
+            let Some(n) = parse_int(text) else {
+                return not_integer();
+            };
+            let base = if absolute { 0 } else { self.now };
+            let at = u64::try_from(n)
+                .ok()
+                .filter(|&n| n > 0)
+                .and_then(|n| n.checked_mul(unit))
+                .and_then(|ms| ms.checked_add(base))
+                .filter(|&at| at <= i64::MAX as u64);
+            let Some(at) = at else {
+                return reply::error("ERR invalid expire time in 'set' command");
+            };
+            expires = Some(at);
+        }
+        let old = if get {
+            match self.string(&a[0]) {
+                Ok(old) => Some(old.map_or(Value::Nil, |v| bulk(v.clone()))),
+                Err(e) => return e,
+            }
+        } else {
+            None
+        };
+        let found = self.entry(&a[0]).is_some();
+        if (nx && found) || (xx && !found) {
+            return old.unwrap_or(Value::Nil);
+        }
+        if keep {
+            expires = self.entry(&a[0]).and_then(|entry| entry.expires);
+        }
+        let entry = Entry {
+            data: Data::Str(a[1].clone()),
+            expires,
+        };
+        self.insert(&a[0], entry);
+        old.unwrap_or_else(reply::ok)
+    }
+
+    /// `PEXPIRE key ms [NX | XX | GT | LT]`.
+    fn pexpire(&mut self, a: &[Vec<u8>]) -> Value {
+        let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
+        for opt in &a[2..] {
+            match opt.to_ascii_lowercase().as_slice() {
+                b"nx" => nx = true,
+                b"xx" => xx = true,
+                b"gt" => gt = true,
+                b"lt" => lt = true,
+                _ => {
+                    let opt = String::from_utf8_lossy(opt);
+                    return reply::error(&format!("ERR Unsupported option {opt}"));
+                }
+            }
+        }
+        if nx && (xx || gt || lt) {
+            return reply::error(
+                "ERR NX and XX, GT or LT options at the same time are not compatible",
+            );
+        }
+        if gt && lt {
+            return reply::error("ERR GT and LT options at the same time are not compatible");
+        }
+        let Some(ms) = parse_int(&a[1]) else {
+            return not_integer();
+        };
+        let now = i64::try_from(self.now).unwrap_or(i64::MAX);
+        let Some(when) = ms.checked_add(now) else {
+            return reply::error("ERR invalid expire time in 'pexpire' command");
+        };
+        let Some(entry) = self.entry_mut(&a[0]) else {
+            return Value::Int(0);
+        };
+        let current = entry
+            .expires
+            .map(|at| i64::try_from(at).unwrap_or(i64::MAX));
+        let refused = (nx && current.is_some())
+            || (xx && current.is_none())
+            || (gt && current.is_none_or(|at| when <= at))
+            || (lt && current.is_some_and(|at| when >= at));
+        if refused {
+            return Value::Int(0);
+        }
+        match u64::try_from(when) {
+            Ok(at) if when > now => entry.expires = Some(at),
+            _ => {
+                self.remove(&a[0]);
+            }
+        }
+        Value::Int(1)
+    }
+
+    /// `PTTL key`: -2 for no key, -1 for no expiry, else the ms left.
+    pub(super) fn pttl(&self, key: &[u8]) -> i64 {
+        match self.entry(key) {
+            None => -2,
+            Some(Entry { expires: None, .. }) => -1,
+            Some(Entry {
+                expires: Some(at), ..
+            }) => i64::try_from(at.saturating_sub(self.now)).unwrap_or(i64::MAX),
+        }
+    }
+
+    /// `GETRANGE key start end`.
+    fn getrange(&self, a: &[Vec<u8>]) -> Value {
+        let (Some(mut start), Some(mut end)) = (parse_int(&a[1]), parse_int(&a[2])) else {
+            return not_integer();
+        };
+        let value = match self.string(&a[0]) {
+            Ok(Some(value)) => value,
+            Ok(None) => return bulk(Vec::new()),
+            Err(e) => return e,
+        };
+        let len = i64::try_from(value.len()).unwrap_or(i64::MAX);
+        if start < 0 && end < 0 && start > end {
+            return bulk(Vec::new());
+        }
+        if start < 0 {
+            start += len;
+        }
+        if end < 0 {
+            end += len;
+        }
+        start = start.max(0);
+        end = end.max(0).min(len - 1);
+        if start > end || len == 0 {
+            return bulk(Vec::new());
+        }
+        let (Ok(start), Ok(end)) = (usize::try_from(start), usize::try_from(end)) else {
+            return bulk(Vec::new());
+        };
+        bulk(value[start..=end].to_vec())
+    }
+
+    /// `INCRBY key by` (and `INCR`): the TTL stays.
+    fn incr_by(&mut self, key: &[u8], by: i64) -> Value {
+        let current = match self.string(key) {
+            Ok(None) => 0,
+            Ok(Some(value)) => match parse_int(value) {
+                Some(n) => n,
+                None => return not_integer(),
+            },
+            Err(e) => return e,
+        };
+        let Some(new) = current.checked_add(by) else {
+            return reply::error("ERR increment or decrement would overflow");
+        };
+        let expires = self.entry(key).and_then(|entry| entry.expires);
+        let data = Data::Str(new.to_string().into_bytes());
+        self.insert(key, Entry { data, expires });
+        Value::Int(new)
+    }
+
+    /// The sorted set at `key`: `Ok(None)` for none, `Err` for a key of another type.
+    pub(super) fn zset(&self, key: &[u8]) -> Result<Option<&ZSet>, Value> {
+        match self.entry(key).map(|entry| &entry.data) {
+            None => Ok(None),
+            Some(Data::Zset(set)) => Ok(Some(set)),
+            Some(_) => Err(wrong_type()),
+        }
+    }
+
+    /// The sorted set at `key`, to change: `Ok(None)` for none, `Err` for another type.
+    pub(super) fn zset_mut(&mut self, key: &[u8]) -> Result<Option<&mut ZSet>, Value> {
+        match self.entry_mut(key).map(|entry| &mut entry.data) {
+            None => Ok(None),
+            Some(Data::Zset(set)) => Ok(Some(set)),
+            Some(_) => Err(wrong_type()),
+        }
+    }
+}
+
+/// An integer reply of a count.
+pub(super) fn count(n: usize) -> Value {
+    Value::Int(i64::try_from(n).unwrap_or(i64::MAX))
+}

@@ -1,0 +1,17 @@
+//! Simulated servers for the unit tests (crate-private for now, feature `testing`): a Redis
+//! 7.0 server ([`SimServer`]) that keeps its keys on a clock the caller drives and runs
+//! redfence's real Lua scripts (`src/scripts/`, `src/fence/`) in an embedded Lua 5.1, so that
+//! fakes run the scripts a server runs instead of a second implementation of them.
+// Built with feature `testing` alone (no test using it yet), the server is unused.
+#![cfg_attr(not(test), allow(dead_code, unused_imports))]
+
+mod keyspace;
+mod lua;
+mod reply;
+pub(crate) mod server;
+mod zset;
+
+#[cfg(test)]
+mod tests;
+
+pub(crate) use server::SimServer;
