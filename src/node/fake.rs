@@ -1,34 +1,39 @@
-//! Fake nodes for unit tests: each one grants, denies, fails, is slow, never answers, or keeps
-//! keys in memory like a Redis server would (with expiry on Tokio's clock, so a paused clock
-//! drives it). Like a node's queue, a fake runs each request when the call is made (so in the
-//! order the calls were made, and whether or not its caller waits for the answer) and bounds
-//! each call itself (its node timeout); the answer comes as its behaviour says. What a
-//! node's queue does besides (batching, what a hung call does to the calls behind it) is
-//! tested in `pipeline.rs` and on real servers: these test the quorum logic.
+//! Fake nodes for unit tests: the real node queue ([`Queue`]: batching, order, resends, what a
+//! hung call does to the calls behind it) over a [`FakeLink`] to a simulated server
+//! ([`SimServer`], `src/testing/`) that runs redfence's real scripts in an embedded Lua, with
+//! expiry on Tokio's clock (so a paused clock drives it). Each kind of request is answered as
+//! its [`Fake`] behaviour says: by the script, or with a canned reply (granted, refused, an
+//! error, late, never). There is no second implementation of the scripts here.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use tokio::time::Instant;
+use redis::aio::ConnectionLike;
+use redis::{Arg, Cmd, RedisFuture, Value};
+use tokio::time::{Instant, Sleep};
 
-use super::batch::error_reply;
-use super::{Advice, Advisory, Claim, GuardedWrite, KeyRow, Node, NodeCall, Op, Request, advice};
+use super::batch::{BATCH, Link, Replies, Run, Touch, evalsha, write_call};
+use super::queue::Queue;
+use super::{Advice, Advisory, Node, NodeCall, Op, Request, advisory};
 use crate::error::NodeFailure;
+use crate::testing::SimServer;
 
 /// How a fake node answers one kind of request.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Fake {
-    /// Runs the script on the node's in-memory keys, as Redis would.
+    /// Runs the script on the simulated server, as Redis would.
     Real,
-    /// Answers 1 whatever the keys.
+    /// Answers 1 whatever the keys (the server is not asked).
     Grant,
-    /// Answers 0 (refused).
+    /// Answers 0 (refused; the server is not asked).
     Deny,
     /// Answers an error reply.
     Fail,
-    /// Grants after a delay.
+    /// Runs the script when its batch is sent, and answers granted after a delay.
     Slow(Duration),
     /// Never answers.
     Never,
@@ -36,22 +41,20 @@ pub(crate) enum Fake {
 
 /// A fake node: a behaviour per kind of request (by default its acquire behaviour, and
 /// [`Fake::Real`] for extend and release), a log of the calls it was asked to run, and its
-/// keys.
+/// simulated server.
 pub(crate) struct FakeNode {
-    inner: Arc<Inner>,
+    shared: Arc<Shared>,
+    queue: Queue,
 }
 
-#[derive(Default)]
-struct Inner {
+/// What a fake node and its link share.
+struct Shared {
     behaviour: Mutex<HashMap<Op, Fake>>,
-    /// The scripts it was asked to run, in order.
+    /// The requests it was asked to run, in order.
     seen: Mutex<Vec<Op>>,
-    /// key -> (token, expires at)
-    keys: Mutex<HashMap<String, (String, Instant)>>,
-    /// What `INFO memory` says of `maxmemory_policy`.
-    eviction: Mutex<String>,
+    server: SimConnection,
     /// Guarded writes (the election's record) never answer.
-    writes_hang: std::sync::atomic::AtomicBool,
+    writes_hang: AtomicBool,
     /// How long a call may take before it fails with a time-out, as a node's queue bounds the
     /// call in flight.
     timeout: Mutex<Duration>,
@@ -60,14 +63,27 @@ struct Inner {
 /// A fake's node timeout until [`FakeNode::set_timeout`] says otherwise.
 pub(crate) const FAKE_TIMEOUT: Duration = Duration::from_millis(50);
 
+/// The queue's own bound, past any fake's: the link bounds each call with the fake's timeout
+/// (which a test may change), and the watchdog of a queue on a current-thread runtime never
+/// gives up on a fake that is only slow.
+const QUEUE_TIMEOUT: Duration = Duration::from_secs(3600);
+
 impl FakeNode {
     /// A node that answers acquires as `acquire` says and runs extends and releases for real.
     pub(crate) fn new(acquire: Fake) -> Self {
-        let node = FakeNode {
-            inner: Arc::default(),
-        };
-        node.set_eviction_policy("noeviction");
-        node.set_timeout(FAKE_TIMEOUT);
+        let shared = Arc::new(Shared {
+            behaviour: Mutex::default(),
+            seen: Mutex::default(),
+            server: SimConnection::new(),
+            writes_hang: AtomicBool::new(false),
+            timeout: Mutex::new(FAKE_TIMEOUT),
+        });
+        let link_shared = Arc::clone(&shared);
+        let queue = Queue::new("fake", QUEUE_TIMEOUT, move || FakeLink {
+            shared: Arc::clone(&link_shared),
+            script: Cmd::new(),
+        });
+        let node = FakeNode { shared, queue };
         node.set(Op::Acquire, acquire);
         node.set(Op::Extend, Fake::Real);
         node.set(Op::Release, Fake::Real);
@@ -76,16 +92,12 @@ impl FakeNode {
 
     /// From now on, answers `op` as `behaviour` says.
     pub(crate) fn set(&self, op: Op, behaviour: Fake) {
-        if let Ok(mut b) = self.inner.behaviour.lock() {
-            b.insert(op, behaviour);
-        }
+        lock(&self.shared.behaviour).insert(op, behaviour);
     }
 
     /// From now on, fails a call with a time-out once it has taken `timeout`.
     pub(crate) fn set_timeout(&self, timeout: Duration) {
-        if let Ok(mut t) = self.inner.timeout.lock() {
-            *t = timeout;
-        }
+        *lock(&self.shared.timeout) = timeout;
     }
 
     /// Answers every kind of request as `behaviour` says.
@@ -95,254 +107,233 @@ impl FakeNode {
         }
     }
 
-    /// The scripts it was asked to run, in order.
+    /// The requests it was asked to run, in order.
     pub(crate) fn calls(&self) -> Vec<Op> {
-        self.inner
-            .seen
-            .lock()
-            .map(|s| s.clone())
-            .unwrap_or_default()
+        lock(&self.shared.seen).clone()
     }
 
     /// The token at `key`, if it holds one that has not expired.
     pub(crate) fn holder(&self, key: &str) -> Option<String> {
-        let keys = self.inner.keys.lock().ok()?;
-        keys.get(key)
-            .filter(|(_, expires)| *expires > Instant::now())
-            .map(|(token, _)| token.clone())
+        let value = self
+            .shared
+            .server
+            .run(&[b"GET".to_vec(), key.as_bytes().to_vec()]);
+        match value {
+            Value::BulkString(bytes) => Some(String::from_utf8_lossy(&bytes).into_owned()),
+            _ => None,
+        }
     }
 
     /// Makes guarded writes (the election's record) never answer.
     pub(crate) fn hang_writes(&self) {
-        self.inner
-            .writes_hang
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Makes the node report `policy` as its `maxmemory-policy`.
-    pub(crate) fn set_eviction_policy(&self, policy: &str) {
-        if let Ok(mut p) = self.inner.eviction.lock() {
-            *p = policy.to_owned();
-        }
+        self.shared.writes_hang.store(true, Ordering::SeqCst);
     }
 
     /// Puts `token` at `key` for `ttl`, as another client would.
     pub(crate) fn put(&self, key: &str, token: &str, ttl: Duration) {
-        if let Ok(mut keys) = self.inner.keys.lock() {
-            keys.insert(key.to_owned(), (token.to_owned(), Instant::now() + ttl));
-        }
+        let ms = ttl.as_millis().max(1).to_string();
+        self.shared.server.run(&[
+            b"SET".to_vec(),
+            key.as_bytes().to_vec(),
+            token.as_bytes().to_vec(),
+            b"PX".to_vec(),
+            ms.into_bytes(),
+        ]);
     }
 }
 
-impl Inner {
-    fn run(&self, req: &Request) -> i64 {
-        let Ok(mut keys) = self.keys.lock() else {
-            return 0;
-        };
-        let now = Instant::now();
-        keys.retain(|_, (_, expires)| *expires > now);
-        let ours = |k: &String, keys: &HashMap<String, (String, Instant)>| {
-            keys.get(k).map(|(t, _)| t.as_str()) == Some(&*req.token)
-        };
-        let ttl = Duration::from_millis(req.ttl_ms);
-        match req.op {
-            Op::Acquire => {
-                if req
-                    .keys
-                    .iter()
-                    .any(|k| keys.contains_key(k) && !ours(k, &keys))
-                {
-                    return 0;
-                }
-                for k in req.keys.iter() {
-                    keys.insert(k.clone(), (req.token.to_string(), now + ttl));
-                }
-                req.keys.len() as i64
-            }
-            Op::Extend => {
-                if !req.keys.iter().all(|k| ours(k, &keys)) {
-                    return 0;
-                }
-                for k in req.keys.iter() {
-                    keys.insert(k.clone(), (req.token.to_string(), now + ttl));
-                }
-                req.keys.len() as i64
-            }
-            Op::Leave => 0,
-            Op::Release => {
-                let mine: Vec<String> = req
-                    .keys
-                    .iter()
-                    .filter(|k| ours(k, &keys))
-                    .cloned()
-                    .collect();
-                for k in &mine {
-                    keys.remove(k);
-                }
-                mine.len() as i64
-            }
-        }
-    }
+/// `mutex`'s guard, poisoned or not (a test that panicked holding it has failed already).
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl FakeNode {
-    fn inspect(
-        &self,
-        keys: Arc<[String]>,
-        delete: bool,
-    ) -> BoxFuture<'static, Result<Vec<KeyRow>, NodeFailure>> {
-        let inner = Arc::clone(&self.inner);
-        Box::pin(async move {
-            let mut held = inner
-                .keys
-                .lock()
-                .map_err(|_| error_reply("poisoned".to_owned()))?;
-            let now = Instant::now();
-            held.retain(|_, (_, expires)| *expires > now);
-            // As scripts/inspect.lua: a string longer than that is not read (no value).
-            const MAX_READ: usize = 4096;
-            let rows = keys
+/// A fake node's link: each batch as its behaviours say, the [`Fake::Real`] and
+/// [`Fake::Slow`] requests as one `EVALSHA` of the real batch script on the simulated server.
+struct FakeLink {
+    shared: Arc<Shared>,
+    /// The call being sent, kept for the next batch's.
+    script: Cmd,
+}
+
+impl Link for FakeLink {
+    async fn send<'a>(
+        &'a mut self,
+        runs: &'a [Run],
+        _timeout: Duration,
+        _deadline: Pin<&'a mut Sleep>,
+    ) -> Result<Replies, NodeFailure> {
+        let timeout = *lock(&self.shared.timeout);
+        let behaviours: Vec<Fake> = {
+            let behaviour = lock(&self.shared.behaviour);
+            runs.iter()
+                .map(|run| behaviour.get(&run.req.op).copied().unwrap_or(Fake::Real))
+                .collect()
+        };
+        let scripted = |b: &Fake| matches!(b, Fake::Real | Fake::Slow(_));
+        let mut ran = Vec::new().into_iter();
+        if behaviours.iter().any(scripted) {
+            let to_run = runs
                 .iter()
-                .map(|k| match held.get(k) {
-                    Some((token, expires)) => (
-                        "string".to_owned(),
-                        (token.len() <= MAX_READ).then(|| token.clone().into_bytes()),
-                        i64::try_from((*expires - now).as_millis()).unwrap_or(i64::MAX),
-                    ),
-                    None => ("none".to_owned(), None, -2),
-                })
-                .collect();
-            if delete {
-                for k in keys.iter() {
-                    held.remove(k);
+                .zip(&behaviours)
+                .filter(|(_, b)| scripted(b))
+                .map(|(run, _)| run);
+            let evalsha_batch = ("EVALSHA", BATCH.get_hash());
+            let script = &mut self.script;
+            write_call(
+                to_run,
+                Touch::WithHelpers,
+                script,
+                evalsha_batch,
+                false,
+                None,
+            );
+            let mut conn = self.shared.server.clone();
+            ran = evalsha(&self.script, &mut conn).await?.into_iter();
+        }
+        let mut late = Duration::ZERO;
+        let mut never = false;
+        let mut replies = Vec::with_capacity(runs.len());
+        for behaviour in behaviours {
+            replies.push(match behaviour {
+                Fake::Real => ran.next().unwrap_or(Value::Nil),
+                Fake::Slow(delay) => {
+                    late = late.max(delay);
+                    match ran.next() {
+                        Some(Value::Int(n)) => Value::Int(n.max(1)),
+                        _ => Value::Int(1),
+                    }
                 }
-            }
-            Ok(rows)
-        })
-    }
-
-    fn write_if_held(&self, write: &GuardedWrite) -> BoxFuture<'static, Result<bool, NodeFailure>> {
-        let inner = Arc::clone(&self.inner);
-        let write = write.clone();
-        Box::pin(async move {
-            if inner.writes_hang.load(std::sync::atomic::Ordering::SeqCst) {
+                Fake::Grant => Value::Int(1),
+                Fake::Deny => Value::Int(0),
+                Fake::Fail => Value::BulkString(b"E:injected".to_vec()),
+                Fake::Never => {
+                    never = true;
+                    Value::Nil
+                }
+            });
+        }
+        let answer = async {
+            if never {
                 std::future::pending::<()>().await;
             }
-            let Ok(mut keys) = inner.keys.lock() else {
-                return Ok(false);
-            };
-            let now = Instant::now();
-            keys.retain(|_, (_, expires)| *expires > now);
-            if keys.get(&*write.lock_key).map(|(t, _)| t.as_str()) != Some(&*write.token) {
-                return Ok(false);
-            }
-            match &write.value {
-                Some(value) => {
-                    let expires = now + Duration::from_millis(write.ttl_ms);
-                    keys.insert(write.key.to_string(), (value.to_string(), expires));
-                }
-                None => {
-                    keys.remove(&*write.key);
-                }
-            }
-            Ok(true)
-        })
-    }
-
-    fn claim(&self, claim: &Claim) -> BoxFuture<'static, Result<String, NodeFailure>> {
-        let inner = Arc::clone(&self.inner);
-        let claim = claim.clone();
-        Box::pin(async move {
-            let mut keys = inner
-                .keys
-                .lock()
-                .map_err(|_| error_reply("poisoned".to_owned()))?;
-            let now = Instant::now();
-            keys.retain(|_, (_, expires)| *expires > now);
-            let expires = now + Duration::from_millis(claim.ttl_ms);
-            let entry = keys
-                .entry(claim.key.to_string())
-                .or_insert_with(|| (claim.value.to_string(), expires));
-            if entry.0 == *claim.value {
-                entry.1 = expires;
-            }
-            Ok(entry.0.clone())
-        })
-    }
-
-    fn eviction_policy(&self) -> BoxFuture<'static, Result<String, NodeFailure>> {
-        let policy = self
-            .inner
-            .eviction
-            .lock()
-            .map(|p| p.clone())
-            .unwrap_or_default();
-        Box::pin(async move { Ok(policy) })
+            tokio::time::sleep(late).await;
+        };
+        match tokio::time::timeout(timeout, answer).await {
+            Ok(()) => Ok(Replies::All(replies)),
+            Err(_) => Err(NodeFailure::Timeout(timeout)),
+        }
     }
 }
 
 impl Node for FakeNode {
     fn call(&self, req: &Request) -> NodeCall {
-        let behaviour = self
-            .inner
-            .behaviour
-            .lock()
-            .ok()
-            .and_then(|b| b.get(&req.op).copied())
-            .unwrap_or(Fake::Real);
-        let timeout = self
-            .inner
-            .timeout
-            .lock()
-            .map(|t| *t)
-            .unwrap_or(FAKE_TIMEOUT);
-        if let Ok(mut seen) = self.inner.seen.lock() {
-            seen.push(req.op);
-        }
-        // Run now, when the call is made, as a node's queue takes it in order: what a lock
-        // sends later runs after it, and it runs even if its caller stops waiting. The answer
-        // comes as the behaviour says.
-        let ran = match behaviour {
-            Fake::Real => Some(self.inner.run(req)),
-            Fake::Slow(_) => Some(self.inner.run(req).max(1)),
-            _ => None,
-        };
-        let call = async move {
-            match behaviour {
-                Fake::Grant => Ok(1),
-                Fake::Deny => Ok(0),
-                Fake::Fail => Err(error_reply("injected".to_owned())),
-                Fake::Slow(d) => {
-                    tokio::time::sleep(d).await;
-                    Ok(ran.unwrap_or(1))
-                }
-                Fake::Real => Ok(ran.unwrap_or(0)),
-                Fake::Never => std::future::pending().await,
-            }
-        };
-        NodeCall::boxed(async move {
-            tokio::time::timeout(timeout, call)
-                .await
-                .unwrap_or(Err(NodeFailure::Timeout(timeout)))
-        })
+        lock(&self.shared.seen).push(req.op);
+        self.queue.call(req)
+    }
+
+    fn flush(&self) -> BoxFuture<'static, ()> {
+        self.queue.flush()
     }
 
     fn advise(&self, advisory: Advisory) -> BoxFuture<'static, Result<Advice, NodeFailure>> {
-        match advisory {
-            Advisory::Inspect { keys, delete } => advice(self.inspect(keys, delete), Advice::Keys),
-            Advisory::WriteIfHeld(write) => advice(self.write_if_held(&write), Advice::Written),
-            Advisory::EvictionPolicy => advice(self.eviction_policy(), Advice::EvictionPolicy),
-            Advisory::RunId => Box::pin(async { Ok(Advice::RunId(None)) }),
-            Advisory::Claim(claim) => advice(self.claim(&claim), Advice::Claimed),
-            // Fakes hold no read-write lock.
-            Advisory::RwInspect { .. } => {
-                Box::pin(async { Ok(Advice::RwKeys((None, -2, Vec::new(), None, -2))) })
-            }
-        }
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move {
+            let mut conn = shared.server.clone();
+            Ok(match advisory {
+                Advisory::Inspect { keys, delete } => {
+                    Advice::Keys(advisory::inspect(&mut conn, &keys, delete).await?)
+                }
+                Advisory::WriteIfHeld(write) => {
+                    if shared.writes_hang.load(Ordering::SeqCst) {
+                        std::future::pending::<()>().await;
+                    }
+                    Advice::Written(advisory::write_if_held(&mut conn, &write).await?)
+                }
+                Advisory::EvictionPolicy => {
+                    Advice::EvictionPolicy(advisory::eviction_policy(&mut conn).await?)
+                }
+                Advisory::RunId => Advice::RunId(None),
+                Advisory::Claim(claim) => {
+                    Advice::Claimed(advisory::claim(&mut conn, &claim).await?)
+                }
+                Advisory::RwInspect { keys } => {
+                    Advice::RwKeys(advisory::rw_inspect(&mut conn, &keys).await?)
+                }
+            })
+        })
     }
 
     fn addr(&self) -> &str {
         "fake"
+    }
+}
+
+/// A connection to a simulated server: each command runs on it at once, atomically, its
+/// clock read from Tokio's (paused in most unit tests).
+#[derive(Clone)]
+struct SimConnection {
+    /// Made on first use: a fake that only gives canned replies never starts a Lua state.
+    server: Arc<OnceLock<Mutex<SimServer>>>,
+    /// Tokio's instant at which the server's clock read [`EPOCH_MS`].
+    started: Instant,
+}
+
+/// What a simulated server's clock reads when it starts (some day in 2023, in ms since the
+/// Unix epoch), so that `TIME` looks like a real clock.
+const EPOCH_MS: u64 = 1_700_000_000_000;
+
+impl SimConnection {
+    fn new() -> Self {
+        SimConnection {
+            server: Arc::default(),
+            started: Instant::now(),
+        }
+    }
+
+    /// Runs one command (its arguments) on the server, at Tokio's time.
+    fn run(&self, args: &[Vec<u8>]) -> Value {
+        let elapsed = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let now = EPOCH_MS.saturating_add(elapsed);
+        let mut server = lock(self.server.get_or_init(|| Mutex::new(SimServer::new(now))));
+        server.set_time(now);
+        server.command(args)
+    }
+
+    /// Runs `cmd` on the server.
+    fn run_cmd(&self, cmd: &Cmd) -> Value {
+        let args: Vec<Vec<u8>> = cmd
+            .args_iter()
+            .map(|arg| match arg {
+                Arg::Simple(bytes) => bytes.to_vec(),
+                _ => b"0".to_vec(),
+            })
+            .collect();
+        self.run(&args)
+    }
+}
+
+impl ConnectionLike for SimConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let reply = match self.run_cmd(cmd) {
+            Value::ServerError(err) => Err(err.into()),
+            value => Ok(value),
+        };
+        Box::pin(std::future::ready(reply))
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        let replies: Vec<Value> = pipeline.cmd_iter().map(|cmd| self.run_cmd(cmd)).collect();
+        let replies = replies.into_iter().skip(offset).take(count).collect();
+        Box::pin(std::future::ready(Ok(replies)))
+    }
+
+    fn get_db(&self) -> i64 {
+        0
     }
 }
 

@@ -205,7 +205,7 @@ pub(crate) struct Claim {
 /// current-thread runtime, waited for with a watchdog; a request refused before it was
 /// queued; a fake node).
 pub(crate) enum NodeCall {
-    /// Answered by a node's queue (`pipeline.rs`); a queue that stopped never answers.
+    /// Answered by a node's queue (`queue/`); a queue that stopped never answers.
     Queued(oneshot::Receiver<Result<i64, NodeFailure>>),
     /// Any other call.
     Boxed(BoxFuture<'static, Result<i64, NodeFailure>>),
@@ -234,7 +234,7 @@ impl Future for NodeCall {
 }
 
 /// A lock server: one voter. Real nodes ([`RedisNode`], a Cluster's and a Sentinel group's
-/// voters) put every call on the node's one ordered queue (`pipeline.rs`); unit tests use
+/// voters) put every call on the node's one ordered queue (`queue/`); unit tests use
 /// fakes that grant, deny, fail, are slow, or never answer.
 pub(crate) trait Node: Send + Sync {
     /// Runs the request's script. The reply is the script's integer: for `Acquire` and

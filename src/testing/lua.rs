@@ -97,6 +97,15 @@ pub(super) struct Scripts {
     compiled: HashMap<String, Function>,
 }
 
+/// The bytecode of every script compiled in this process, by sha1.
+fn compiled_once() -> std::sync::MutexGuard<'static, HashMap<String, Vec<u8>>> {
+    static BYTECODE: std::sync::LazyLock<std::sync::Mutex<HashMap<String, Vec<u8>>>> =
+        std::sync::LazyLock::new(Default::default);
+    BYTECODE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The sha1 of a script's source, in lower-case hex (as `SCRIPT LOAD` and redis-rs make it).
 pub(super) fn sha1_hex(source: &[u8]) -> String {
     sha1_smol::Sha1::from(source).digest().to_string()
@@ -131,6 +140,21 @@ impl Scripts {
     pub(super) fn load(&mut self, source: &[u8]) -> Result<String, Value> {
         let sha = sha1_hex(source);
         if !self.compiled.contains_key(&sha) {
+            // Compiled once per process: the other servers load its bytecode (every unit
+            // test's fake node is a server of its own, and parsing the batch script each time
+            // cost half a millisecond).
+            let cached = compiled_once().get(&sha).cloned();
+            if let Some(bytecode) = cached {
+                let function = self
+                    .lua
+                    .load(&bytecode[..])
+                    .set_name("@user_script")
+                    .set_mode(mlua::chunk::ChunkMode::Binary)
+                    .into_function()
+                    .map_err(|e| reply::error(&format!("ERR Error loading script: {e}")))?;
+                self.compiled.insert(sha.clone(), function);
+                return Ok(sha);
+            }
             let function = self
                 .lua
                 .load(source)
@@ -146,6 +170,7 @@ impl Scripts {
                         "ERR Error compiling script (new function): {message}"
                     ))
                 })?;
+            compiled_once().insert(sha.clone(), function.dump(false));
             self.compiled.insert(sha.clone(), function);
         }
         Ok(sha)

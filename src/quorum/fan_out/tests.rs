@@ -1,6 +1,6 @@
 //! Fan-out over fake nodes on a paused clock: the majority rule, early decisions, release
 //! on failure, and a hung node costing each round one node timeout. (Each node bounds and
-//! orders its own calls: that is its queue's, tested in `node/pipeline.rs` and on real
+//! orders its own calls: that is its queue's, tested in `node/queue/` and on real
 //! servers.)
 
 use std::sync::Arc;
@@ -222,14 +222,15 @@ async fn a_hung_node_costs_each_round_at_most_one_timeout() {
         assert_eq!(start.elapsed(), Duration::ZERO, "waited for the hung node");
         tokio::time::sleep(5 * MS).await;
     }
-    // A round that waits for every node: the hung one costs one timeout, however many rounds
-    // came before.
+    // A round that waits for every node: the hung one costs at most one timeout, however many
+    // rounds came before (its queue answers every call waiting behind a call that timed out
+    // at once).
     let start = tokio::time::Instant::now();
     let tally = fan_out(&nodes, &req, Until::All)
         .await
         .finish(&nodes, Op::Acquire)
         .await;
-    assert_eq!(start.elapsed(), TIMEOUT);
+    assert!(start.elapsed() <= TIMEOUT, "{:?}", start.elapsed());
     assert_eq!(tally.errors.len(), 1);
     assert!(matches!(tally.errors[0].failure, NodeFailure::Timeout(_)));
 }
