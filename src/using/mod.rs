@@ -121,7 +121,9 @@ where
     );
     let task = Finishing::spawn(tasks, keeper.instrument(tracing::Span::current()));
 
-    let signal = Signal { state };
+    let signal = Signal {
+        state: state.into(),
+    };
     let outcome = AssertUnwindSafe(async move { routine(signal).await })
         .catch_unwind()
         .await;
