@@ -337,7 +337,9 @@ impl Redlock {
                 }
             };
             trace::fence(&span, lock.fence());
-            let result = using::scope(lock, policy, config, &self.shared.tasks, routine).await;
+            let tasks = &self.shared.tasks;
+            let release = using::Release::Awaited;
+            let result = using::scope_with(lock, policy, config, tasks, release, routine).await;
             let outcome = if result.is_ok() {
                 "done"
             } else {

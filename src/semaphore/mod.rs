@@ -352,10 +352,8 @@ impl Semaphore {
         E: From<Error>,
     {
         let shared = self.redlock.shared();
-        let config = &shared.config;
-        let policy = using::Policy::checked(config, ttl).map_err(|error| E::from(error.into()))?;
-        let permit = self.acquire(ttl).await.map_err(E::from)?;
-        using::scope(permit.into_lock(), policy, config, &shared.tasks, routine).await
+        let acquire = async { Ok(self.acquire(ttl).await?.into_lock()) };
+        using::acquire_and_scope(&shared.config, &shared.tasks, ttl, acquire, routine).await
     }
 }
 
