@@ -204,7 +204,7 @@ pub(crate) async fn line_up(
 
 /// How a wait in line ended.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Wake {
+enum Wake {
     /// The retry delay passed.
     Slept,
     /// No retry delay is left.
@@ -215,7 +215,7 @@ pub(super) enum Wake {
 
 /// Whether a wait of `delay` from now would end past the deadline (a delay too long for an
 /// `Instant` certainly does).
-pub(crate) fn ends_past(delay: Duration, deadline: Option<Instant>) -> bool {
+pub(super) fn ends_past(delay: Duration, deadline: Option<Instant>) -> bool {
     deadline.is_some_and(|deadline| {
         clock::now()
             .checked_add(delay)
@@ -224,7 +224,7 @@ pub(crate) fn ends_past(delay: Duration, deadline: Option<Instant>) -> bool {
 }
 
 /// Sleeps `delay`, unless it would end past the deadline.
-pub(super) async fn sleep_before(delay: Duration, deadline: Option<Instant>) -> Wake {
+async fn sleep_before(delay: Duration, deadline: Option<Instant>) -> Wake {
     if ends_past(delay, deadline) {
         return Wake::Deadline;
     }

@@ -21,7 +21,7 @@ use crate::quorum::{self, Failed};
 pub(crate) use engine::{Attempt, Refused, Retries, count_attempt, deadline, line_up};
 pub(crate) use leave::Leave;
 
-use engine::sleep_before;
+use engine::ends_past;
 use leave::Place;
 
 /// A lock a majority granted, with its validity and fence: what `Lock` is made of.
@@ -71,10 +71,9 @@ pub(crate) async fn acquire(
         // Released before the watch existed (that release woke nobody): attempt at once.
         if turn.held_here() {
             let waiting = clock::now();
-            tokio::select! {
-                // Past the deadline: attempt at once instead.
-                _ = sleep_before(delay, deadline) => {}
-                () = watch.released() => {}
+            // Past the deadline: attempt at once instead.
+            if !ends_past(delay, deadline) {
+                Watch::sleep_or_release(Some(watch), delay).await;
             }
             tries.backoff = tries.backoff.saturating_add(clock::since(waiting));
             shared.check_open()?;
