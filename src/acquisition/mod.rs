@@ -99,14 +99,14 @@ pub(crate) async fn acquire(
         wait_out_deadline: false,
         open: Some(shared),
     };
-    let mutex = Mutex {
+    let mut mutex = Mutex {
         shared,
         target,
         place: &place,
         turn: turn.as_ref(),
     };
     retries
-        .run(tries, mutex)
+        .run(tries, &mut mutex)
         .await
         .map(|acquired| place.granted(acquired))
 }

@@ -106,14 +106,14 @@ impl RwLock {
             wait_out_deadline: false,
             open: Some(shared),
         };
-        let side = Side {
+        let mut side = Side {
             shared,
             target: &target,
             rw,
             mark,
             retry,
         };
-        retries.run(tries, side).await
+        retries.run(tries, &mut side).await
     }
 }
 

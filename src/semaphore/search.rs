@@ -87,7 +87,7 @@ impl Semaphore {
             // Each try of a slot checks it.
             open: None,
         };
-        let round = Round {
+        let mut round = Round {
             semaphore: self,
             ttl,
             started,
@@ -96,7 +96,7 @@ impl Semaphore {
         };
         // The slots' own acquisitions count their metrics; these count the tries of slots.
         let mut tries = Tries::default();
-        retries.run(&mut tries, round).await
+        retries.run(&mut tries, &mut round).await
     }
 }
 
