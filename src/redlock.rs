@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
-use crate::acquisition;
+use crate::acquisition::{self, Acquired};
 use crate::clock;
 use crate::error::Error;
 use crate::inner::{Shared, Target};
@@ -140,30 +140,46 @@ impl Redlock {
         retry: bool,
         shape: impl FnOnce(Target) -> Target,
     ) -> Result<Lock, Error> {
+        let shared = &self.shared;
+        let acquire = async |tries: &mut Tries, ty: &mut TypeLabel| {
+            let target = shape(shared.target(resources, ttl)?);
+            *ty = TypeLabel::of_lock(&shared.config.resource_type, &target.resources);
+            if retry {
+                acquisition::acquire(shared, &target, tries).await
+            } else {
+                acquisition::try_once(shared, &target, tries).await
+            }
+        };
+        self.traced(resources, TypeLabel::other(), retry, acquire)
+            .await
+    }
+
+    /// The one wrapper of every acquisition of a lock (a mutex, a slot, a line, a read-write
+    /// lock's side): `acquire` in a `redfence.acquire` span over `resources`, its outcome and
+    /// fence recorded there and in the metrics, under the type label `acquire` leaves in `ty`
+    /// (`ty` until then); with `retries`, its retries and the time waited between attempts
+    /// too.
+    pub(crate) async fn traced(
+        &self,
+        resources: &[impl AsRef<str>],
+        mut ty: TypeLabel,
+        retries: bool,
+        acquire: impl AsyncFnOnce(&mut Tries, &mut TypeLabel) -> Result<Acquired, Error>,
+    ) -> Result<Lock, Error> {
         let span = trace::acquire_span(resources, self.quorum());
         let started = clock::now();
-        let shared = &self.shared;
-        let mut ty = TypeLabel::other();
         let mut tries = Tries::default();
-        let result = async {
-            let target = shape(shared.target(resources, ttl)?);
-            ty = TypeLabel::of_lock(&shared.config.resource_type, &target.resources);
-            if retry {
-                acquisition::acquire(shared, &target, &mut tries).await
-            } else {
-                acquisition::try_once(shared, &target, &mut tries).await
-            }
-        }
-        .instrument(span.clone())
-        .await
-        .map(|acquired| Lock::new(acquired, ty.clone()));
+        let result = acquire(&mut tries, &mut ty)
+            .instrument(span.clone())
+            .await
+            .map(|acquired| Lock::new(acquired, ty.clone()));
         trace::outcome(&span, result.as_ref().map(|_| "acquired"), started);
         if let Ok(lock) = &result {
             trace::fence(&span, lock.fence());
         }
         let took = clock::since(started);
         crate::metrics::acquisition(&ty, result.as_ref().map(|_| ()), took, &tries);
-        if retry && tries.attempts > 0 {
+        if retries && tries.attempts > 0 {
             crate::metrics::acquisition_retries(&ty, tries.attempts - 1, tries.backoff);
         }
         result
@@ -321,7 +337,9 @@ impl Redlock {
                 }
             };
             trace::fence(&span, lock.fence());
-            let result = using::scope(lock, policy, config, &self.shared.tasks, routine).await;
+            let tasks = &self.shared.tasks;
+            let release = using::Release::Awaited;
+            let result = using::scope_with(lock, policy, config, tasks, release, routine).await;
             let outcome = if result.is_ok() {
                 "done"
             } else {

@@ -115,7 +115,7 @@ where
     let state = Arc::new(tenure.lease(inner.resource.clone(), times));
     let renewal = Renewal::new(lock, inner, leader.clone());
     let leadership = Leadership {
-        state: Arc::clone(&state),
+        state: Arc::clone(&state).into(),
     };
     // From here on the term counts as led: `on_stopped_leading` runs however it ends, and
     // `Election::resign` finds it, also while the record is being written (the routine then

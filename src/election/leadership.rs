@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::record::Leader;
 use crate::clock;
 use crate::error::{Error, LossReason};
-use crate::lease::{Closing, LeaseState, Subject, Times};
+use crate::lease::{Closing, LeaseState, Subject, Times, View};
 
 /// One term of leadership, handed to the routine of [`Election::run`](super::Election::run):
 /// the term (the fencing token to send with every write), the leader's identity, and a
@@ -24,7 +24,7 @@ use crate::lease::{Closing, LeaseState, Subject, Times};
 /// Cheap to clone (an `Arc` inside), `Send + Sync`.
 #[derive(Clone)]
 pub struct Leadership {
-    pub(super) state: Arc<LeaseState<Tenure>>,
+    pub(super) state: View<Tenure>,
 }
 
 impl Leadership {
@@ -47,7 +47,7 @@ impl Leadership {
     /// Whether leadership is over (or can no longer be guaranteed). Never goes back to
     /// `false`.
     pub fn is_lost(&self) -> bool {
-        self.state.error().is_some()
+        self.state.is_lost()
     }
 
     /// Resolves once leadership is over, at once if it already is, with the reason (the same
@@ -63,10 +63,7 @@ impl Leadership {
     ///
     /// [`Error::LockLost`] once leadership is over.
     pub fn check(&self) -> Result<(), Error> {
-        match self.state.error() {
-            Some(error) => Err(error.clone()),
-            None => Ok(()),
-        }
+        self.state.check()
     }
 
     /// Why leadership is over: [`Error::LockLost`] with [`LossReason::Unconfirmed`]
@@ -74,7 +71,7 @@ impl Leadership {
     /// lock is not ours), [`LossReason::Expired`], or [`LossReason::Resigned`] (resigned, or
     /// the term ended). `None` while leading.
     pub fn error(&self) -> Option<Error> {
-        self.state.error().cloned()
+        self.state.cloned_error()
     }
 
     /// How long leadership is guaranteed without another successful renewal: the time left

@@ -8,7 +8,8 @@
 //!   `using()`'s `Policy` and election's `Timing` are the two schedules;
 //! - a [`LeaseState`] ([`state`]): until when the lease is guaranteed and when it expires, the
 //!   loss (set once, announced once, views woken), and whether the holder asked it to end.
-//!   `using()`'s `Signal` and election's `Leadership` are views of it;
+//!   `using()`'s `Signal` and election's `Leadership` are views of it, through one [`View`]
+//!   ([`view`]);
 //! - the keeper task, [`keep`] ([`keeper`]): waits until the schedule says, renews through a
 //!   [`Holding`] (how to extend, how to release), records the outcome, and releases when the
 //!   holder stops — or at once on a loss, as the holder chose ([`OnLoss`]).
@@ -19,10 +20,12 @@
 mod keeper;
 mod schedule;
 mod state;
+mod view;
 
 pub(crate) use keeper::{Holding, OnLoss, keep};
 pub(crate) use schedule::{Cause, Lease, Schedule, Step};
 pub(crate) use state::{Closing, LeaseState, StopOnDrop, Subject, Times};
+pub(crate) use view::View;
 
 #[cfg(test)]
 pub(crate) mod tests;

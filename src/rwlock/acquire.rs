@@ -6,10 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::Instrument;
-
 use super::RwLock;
-use crate::acquisition::{self, new_token};
+use crate::acquisition::{self, Attempt, Leave, Refused, Retries, count_attempt, new_token};
 use crate::clock;
 use crate::config::Config;
 use crate::error::Error;
@@ -18,7 +16,6 @@ use crate::inner::{Shared, Target, validate_ttl};
 use crate::lock::Lock;
 use crate::metrics::{Tries, TypeLabel};
 use crate::node::{Op, Request, RwMode, RwOp};
-use crate::trace;
 
 /// The most a refused writer marks the lock as waited for, whatever its retry schedule.
 const LONGEST_MARK: Duration = Duration::from_secs(60);
@@ -47,29 +44,13 @@ impl RwLock {
         retry: bool,
     ) -> Result<Lock, Error> {
         let shared = self.redlock.shared();
-        let span = trace::acquire_span(
-            &self.target.resources,
-            crate::quorum::quorum(shared.nodes.len()),
-        );
-        let started = clock::now();
         let ty = TypeLabel::of_lock(&shared.config.resource_type, &self.target.resources[..1]);
-        let mut tries = Tries::default();
-        let result = self
-            .attempts(mode, ttl, retry, &mut tries)
-            .instrument(span.clone())
+        // No retry metrics: a read-write lock's calls never recorded them.
+        self.redlock
+            .traced(&self.target.resources, ty, false, async |tries, _| {
+                self.attempts(mode, ttl, retry, tries).await
+            })
             .await
-            .map(|acquired| Lock::new(acquired, ty.clone()));
-        trace::outcome(&span, result.as_ref().map(|_| "acquired"), started);
-        if let Ok(lock) = &result {
-            trace::fence(&span, lock.fence());
-        }
-        crate::metrics::acquisition(
-            &ty,
-            result.as_ref().map(|_| ()),
-            clock::since(started),
-            &tries,
-        );
-        result
     }
 
     async fn attempts(
@@ -105,100 +86,71 @@ impl RwLock {
         // Taken away when this call ends: a writer's mark however it ends; a reader's place
         // if it gives up (a read granted takes its place away where it is granted, and its
         // release everywhere else).
-        let mut mark = Mark {
-            shared: Arc::clone(shared),
-            target: target.clone(),
-            rw: Arc::clone(&rw),
-            set: false,
+        let leave = Request {
+            op: Op::Leave,
+            keys: Arc::clone(&target.keys),
+            token: Arc::clone(&rw.waiter),
+            ttl_ms: rw.wait_ms,
+            queue: None,
+            rw: Some(Arc::clone(&rw)),
         };
+        let mark = Leave::new(shared, leave, false);
         let started = clock::now();
-        let deadline = config.acquire_timeout.and_then(|t| started.checked_add(t));
-        let mut delays = config.backoff.delays();
-        let mut attempts: u32 = 0;
-        let mut watch: Option<Watch> = None;
-        loop {
-            if let Some(watch) = &watch {
-                watch.reset();
-            }
-            attempts = attempts.saturating_add(1);
-            tries.attempts = attempts;
-            trace::attempts(attempts);
-            // Any attempt may be refused somewhere and mark the lock there, a granted one too
-            // (granted by a majority, refused by a node a reader's entry still held): the
-            // mark is taken away whenever it may have been set.
-            mark.set |= retry;
-            let failed = match acquisition::attempt_rw(shared, &target, Arc::clone(&rw)).await {
-                Ok(acquired) => {
-                    // A reader's place goes with its release.
-                    mark.set &= mode == RwMode::Write;
-                    return Ok(acquired);
-                }
-                Err(failed) => failed,
-            };
-            if !failed.is_retryable() {
-                return Err(failed.into_error(&target.resources, attempts));
-            }
-            tries.failed(&failed);
-            // The first refusal of a waiter that may retry: watch from now on, and try once more
-            // at once (a release between the attempt and the watch would have woken nobody).
-            if retry && watch.is_none() && config.backoff.max_retries() > 0 {
-                watch = Some(shared.hand_off.watch_any(&target.keys[..1]));
-                continue;
-            }
-            let delay = match delays.next() {
-                Some(delay) if retry => delay,
-                _ => return Err(failed.into_error(&target.resources, attempts)),
-            };
-            if acquisition::ends_past(delay, deadline) {
-                return Err(Error::AcquireTimeout {
-                    waited: clock::since(started),
-                    attempts,
-                    last: Some(Box::new(failed.into_error(&target.resources, attempts))),
-                });
-            }
-            // Woken early by a release on the writer key's channel: a writer's, or the last
-            // reader's while a writer waits (or one of this process's guards released).
-            let waiting = clock::now();
-            Watch::sleep_or_release(watch.as_ref(), delay).await;
-            tries.backoff = tries.backoff.saturating_add(clock::since(waiting));
-            shared.check_open()?;
-        }
+        let retries = Retries {
+            started,
+            deadline: acquisition::deadline(config, started),
+            delays: config.backoff.delays(),
+            retry,
+            watch: None,
+            recheck: config.backoff.max_retries() > 0,
+            wait_out_deadline: false,
+            open: Some(shared),
+        };
+        let mut side = Side {
+            shared,
+            target: &target,
+            rw,
+            mark,
+            retry,
+        };
+        retries.run(tries, &mut side).await
     }
 }
 
-/// A writer's waiting mark, or a reader's place in line, possibly left on the nodes that
-/// refused it: taken away on every node when dropped (the acquisition ended: a writer's
-/// granted or not, a reader's not granted), queued behind the attempt's own calls; a mark
-/// only where it is still this writer's. A leave that never lands ends with the mark's or
-/// the place's expiry.
-struct Mark {
-    shared: Arc<Shared>,
-    target: Target,
+/// A read-write lock side's attempt on the schedule, with its waiting mark or place in line.
+struct Side<'a> {
+    shared: &'a Arc<Shared>,
+    target: &'a Target,
     rw: Arc<RwOp>,
-    /// Whether an attempt was made that a node may have refused (and so may have set the
-    /// mark or the place), and nothing else takes it away.
-    set: bool,
+    /// Taken away when the acquisition ends (see [`Leave`]).
+    mark: Leave,
+    retry: bool,
 }
 
-impl Drop for Mark {
-    fn drop(&mut self) {
-        if !self.set || tokio::runtime::Handle::try_current().is_err() {
-            return;
+impl Attempt for Side<'_> {
+    type Granted = acquisition::Acquired;
+
+    async fn attempt(&mut self, tries: &mut Tries) -> Result<acquisition::Acquired, Refused> {
+        let attempts = count_attempt(tries);
+        // Any attempt may be refused somewhere and mark the lock there, a granted one
+        // too (granted by a majority, refused by a node a reader's entry still held): the
+        // mark is taken away whenever it may have been set.
+        self.mark.armed |= self.retry;
+        let attempt = acquisition::attempt_rw(self.shared, self.target, Arc::clone(&self.rw));
+        match attempt.await {
+            Ok(acquired) => {
+                // A reader's place goes with its release.
+                self.mark.armed &= self.rw.mode == RwMode::Write;
+                Ok(acquired)
+            }
+            Err(failed) => Err(Refused::of(failed, tries, &self.target.resources, attempts)),
         }
-        let leave = Request {
-            op: Op::Leave,
-            keys: Arc::clone(&self.target.keys),
-            token: Arc::clone(&self.rw.waiter),
-            ttl_ms: self.rw.wait_ms,
-            queue: None,
-            rw: Some(Arc::clone(&self.rw)),
-        };
-        for node in &self.shared.nodes {
-            let call = node.call(&leave);
-            self.shared.tasks.spawn(async move {
-                let _ = call.await;
-            });
-        }
+    }
+
+    /// Woken early by a release on the writer key's channel: a writer's, or the last
+    /// reader's while a writer waits (or one of this process's guards released).
+    fn watch(&self) -> Option<Watch> {
+        Some(self.shared.hand_off.watch_any(&self.target.keys[..1]))
     }
 }
 

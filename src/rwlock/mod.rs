@@ -298,10 +298,8 @@ impl RwLock {
         E: From<Error>,
     {
         let shared = self.redlock.shared();
-        let config = &shared.config;
-        let policy = using::Policy::checked(config, ttl).map_err(|error| E::from(error.into()))?;
-        let lock = self.acquire(mode, ttl, true).await.map_err(E::from)?;
-        using::scope(lock, policy, config, &shared.tasks, routine).await
+        let acquire = self.acquire(mode, ttl, true);
+        using::acquire_and_scope(&shared.config, &shared.tasks, ttl, acquire, routine).await
     }
 
     /// Who holds the lock on each node: the writer, the readers, whether a writer waits

@@ -300,7 +300,7 @@ impl Semaphore {
         let config = &shared.config;
         validate_ttl(ttl, config.drift_factor)?;
         let started = clock::now();
-        let deadline = config.acquire_timeout.and_then(|t| started.checked_add(t));
+        let deadline = crate::acquisition::deadline(config, started);
         // Once per call, beside the search for a slot rather than before it (a round trip
         // less): the size cannot change while a majority stores ours (refreshed here). A
         // client with another number of permits may so hold a slot for a round trip; it never
@@ -352,10 +352,8 @@ impl Semaphore {
         E: From<Error>,
     {
         let shared = self.redlock.shared();
-        let config = &shared.config;
-        let policy = using::Policy::checked(config, ttl).map_err(|error| E::from(error.into()))?;
-        let permit = self.acquire(ttl).await.map_err(E::from)?;
-        using::scope(permit.into_lock(), policy, config, &shared.tasks, routine).await
+        let acquire = async { Ok(self.acquire(ttl).await?.into_lock()) };
+        using::acquire_and_scope(&shared.config, &shared.tasks, ttl, acquire, routine).await
     }
 }
 

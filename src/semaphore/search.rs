@@ -6,11 +6,12 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 
 use super::{Permit, Semaphore};
-use crate::acquisition::line_up;
+use crate::acquisition::{Attempt, Refused, Retries, line_up};
 use crate::clock;
 use crate::error::Error;
 use crate::hand_off::Watch;
 use crate::inner::Target;
+use crate::metrics::Tries;
 use crate::using;
 
 impl Semaphore {
@@ -69,70 +70,88 @@ impl Semaphore {
         &self,
         ttl: Duration,
         retry: bool,
-        mut delays: impl Iterator<Item = Duration>,
+        delays: impl Iterator<Item = Duration>,
         started: Instant,
         deadline: Option<Instant>,
     ) -> Result<Permit, Error> {
         let shared = self.redlock.shared();
-        let config = &shared.config;
-        let mut attempts: u32 = 0;
-        let mut watch: Option<Watch> = None;
-        // The last refusal, kept across rounds: a round cut short by the deadline still says
-        // what the nodes answered before.
-        let mut last: Option<Error> = None;
-        loop {
-            if let Some(watch) = &watch {
-                watch.reset();
-            }
-            let first = rand::rng().random_range(0..self.permits);
-            for offset in 0..self.permits {
-                if let Some(deadline) = deadline
-                    && clock::now() >= deadline
-                {
-                    return Err(Error::AcquireTimeout {
-                        waited: clock::since(started),
-                        attempts,
-                        last: last.map(Box::new),
-                    });
-                }
-                let slot = (first + offset) % self.permits;
-                let resource = &self.slots[slot as usize];
-                attempts += 1;
-                // Outside the slots' fair queues: whoever goes round already has its turn.
-                let tried = self
-                    .redlock
-                    .acquire_traced(&[resource], ttl, false, Target::unqueued)
-                    .await;
-                match tried {
-                    Ok(lock) => return Ok(Permit::new(lock, slot)),
-                    Err(error) if error.is_retryable() => last = Some(error),
-                    Err(error) => return Err(error),
-                }
-            }
-            // Every slot was tried (K >= 1), and each try that did not return set `last`.
-            // The first refusal of a waiter that may retry: watch from now on, and go round once
-            // more at once (a release between the round and the watch would have woken nobody).
-            if watch.is_none() && retry && config.backoff.max_retries() > 0 {
-                watch = Some(shared.hand_off.watch_any(&shared.keys(&self.slots)));
-                continue;
-            }
-            // Out of turn (the line took the retries): that was the last round.
-            let delay = match delays.next() {
-                Some(delay) if retry => delay,
-                _ => return Err(last.unwrap_or(Error::Closed)),
-            };
-            if let Some(deadline) = deadline
-                && crate::acquisition::ends_past(delay, Some(deadline))
+        let retries = Retries {
+            started,
+            deadline,
+            delays,
+            retry,
+            watch: None,
+            recheck: shared.config.backoff.max_retries() > 0,
+            // The wait ends at the deadline, as the next round would have.
+            wait_out_deadline: true,
+            // Each try of a slot checks it.
+            open: None,
+        };
+        let mut round = Round {
+            semaphore: self,
+            ttl,
+            started,
+            deadline,
+            last: None,
+        };
+        // The slots' own acquisitions count their metrics; these count the tries of slots.
+        let mut tries = Tries::default();
+        retries.run(&mut tries, &mut round).await
+    }
+}
+
+/// One round of the slots on the schedule (see [`Semaphore::go_round`]).
+struct Round<'a> {
+    semaphore: &'a Semaphore,
+    ttl: Duration,
+    started: Instant,
+    deadline: Option<Instant>,
+    /// The last refusal, kept across rounds: a round cut short by the deadline still says
+    /// what the nodes answered before.
+    last: Option<Error>,
+}
+
+impl Attempt for Round<'_> {
+    type Granted = Permit;
+
+    async fn attempt(&mut self, tries: &mut Tries) -> Result<Permit, Refused> {
+        let semaphore = self.semaphore;
+        let first = rand::rng().random_range(0..semaphore.permits);
+        for offset in 0..semaphore.permits {
+            if let Some(deadline) = self.deadline
+                && clock::now() >= deadline
             {
-                tokio::time::sleep_until(deadline.into()).await;
-                return Err(Error::AcquireTimeout {
-                    waited: clock::since(started),
-                    attempts,
-                    last: last.map(Box::new),
-                });
+                return Err(Refused::Final(Error::AcquireTimeout {
+                    waited: clock::since(self.started),
+                    attempts: tries.attempts,
+                    last: self.last.take().map(Box::new),
+                }));
             }
-            // Any slot's release (announced: each refused try marked its slot) ends the wait.
-            Watch::sleep_or_release(watch.as_ref(), delay).await;
+            let slot = (first + offset) % semaphore.permits;
+            let resource = &semaphore.slots[slot as usize];
+            tries.attempts = tries.attempts.saturating_add(1);
+            // Outside the slots' fair queues: whoever goes round already has its turn.
+            let tried = semaphore
+                .redlock
+                .acquire_traced(&[resource], self.ttl, false, Target::unqueued)
+                .await;
+            match tried {
+                Ok(lock) => return Ok(Permit::new(lock, slot)),
+                Err(error) if error.is_retryable() => self.last = Some(error),
+                Err(error) => return Err(Refused::Final(error)),
+            }
         }
+        // Every slot was tried (K >= 1), and each try that did not return set `last`.
+        Err(Refused::Again(self.last.clone().unwrap_or(Error::Closed)))
+    }
+
+    /// Any slot's release (announced: each refused try marked its slot) ends the wait.
+    fn watch(&self) -> Option<Watch> {
+        let shared = self.semaphore.redlock.shared();
+        Some(
+            shared
+                .hand_off
+                .watch_any(&shared.keys(&self.semaphore.slots)),
+        )
     }
 }

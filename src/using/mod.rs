@@ -35,6 +35,7 @@ mod tests;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::FutureExt;
 use tokio_util::task::TaskTracker;
@@ -62,12 +63,14 @@ pub(crate) enum Release {
     InBackground,
 }
 
-/// [`scope_with`] whose release is awaited: what `using()` runs.
-pub(crate) async fn scope<T, E, F, Fut>(
-    lock: Lock,
-    policy: Policy,
+/// A primitive's `using()` (a read-write lock's side, a semaphore's permit): refuses a `ttl`
+/// the lease keeper cannot keep ([`Policy::checked`], before `acquire` is polled), then runs
+/// `routine` in [`scope_with`] over the lock `acquire` gives, its release awaited.
+pub(crate) async fn acquire_and_scope<T, E, F, Fut>(
     config: &Config,
     tasks: &TaskTracker,
+    ttl: Duration,
+    acquire: impl Future<Output = Result<Lock, Error>>,
     routine: F,
 ) -> Result<T, E>
 where
@@ -75,6 +78,8 @@ where
     Fut: Future<Output = Result<T, E>>,
     E: From<Error>,
 {
+    let policy = Policy::checked(config, ttl).map_err(|error| E::from(error.into()))?;
+    let lock = acquire.await.map_err(E::from)?;
     scope_with(lock, policy, config, tasks, Release::Awaited, routine).await
 }
 
@@ -121,7 +126,9 @@ where
     );
     let task = Finishing::spawn(tasks, keeper.instrument(tracing::Span::current()));
 
-    let signal = Signal { state };
+    let signal = Signal {
+        state: state.into(),
+    };
     let outcome = AssertUnwindSafe(async move { routine(signal).await })
         .catch_unwind()
         .await;

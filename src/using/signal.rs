@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::clock;
 use crate::error::{Error, LossReason};
 use crate::events::{Event, EventHook};
-use crate::lease::{Closing, LeaseState, Subject, Times};
+use crate::lease::{Closing, LeaseState, Subject, Times, View};
 
 /// Tells the routine run by [`Redlock::using`](crate::Redlock::using) whether it still owns its lock.
 ///
@@ -46,13 +46,13 @@ use crate::lease::{Closing, LeaseState, Subject, Times};
 /// ```
 #[derive(Clone)]
 pub struct Signal {
-    pub(super) state: Arc<LeaseState<Ticket>>,
+    pub(super) state: View<Ticket>,
 }
 
 impl Signal {
     /// Whether ownership is gone (or can no longer be guaranteed). Never goes back to `false`.
     pub fn is_aborted(&self) -> bool {
-        self.state.error().is_some()
+        self.state.is_lost()
     }
 
     /// Resolves once the signal is aborted, at once if it already is, with the reason (the
@@ -79,16 +79,13 @@ impl Signal {
     ///
     /// [`Error::LockLost`] or [`Error::RenewalLimit`], once the signal is aborted.
     pub fn check(&self) -> Result<(), Error> {
-        match self.state.error() {
-            Some(error) => Err(error.clone()),
-            None => Ok(()),
-        }
+        self.state.check()
     }
 
     /// Why the signal aborted: [`Error::LockLost`] (with a [`LossReason`]) or
     /// [`Error::RenewalLimit`]; `None` while the lock is held.
     pub fn error(&self) -> Option<Error> {
-        self.state.error().cloned()
+        self.state.cloned_error()
     }
 
     /// How much validity the lock has left: zero once expired, and once the lock is gone for
@@ -211,7 +208,7 @@ mod tests {
         let (hook, seen) = recorder();
         let s = state(Duration::from_secs(60), hook);
         let signal = Signal {
-            state: Arc::clone(&s),
+            state: Arc::clone(&s).into(),
         };
         assert!(!signal.is_aborted());
         assert!(signal.check().is_ok());
@@ -248,7 +245,7 @@ mod tests {
         let (hook, seen) = recorder();
         let s = state(Duration::from_secs(5), hook);
         let signal = Signal {
-            state: Arc::clone(&s),
+            state: Arc::clone(&s).into(),
         };
         let start = tokio::time::Instant::now();
         let waiter = tokio::spawn({
@@ -285,7 +282,7 @@ mod tests {
         let (hook, seen) = recorder();
         let s = state(Duration::from_secs(5), hook);
         let signal = Signal {
-            state: Arc::clone(&s),
+            state: Arc::clone(&s).into(),
         };
         s.close();
         assert!(matches!(

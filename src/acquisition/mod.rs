@@ -1,11 +1,13 @@
 //! Acquiring a lock: attempts on the configured schedule, each one a quorum round followed by
 //! the fencing token, and nothing left locked whatever happens.
 
-use std::sync::Arc;
+mod engine;
+mod leave;
 
-use futures::FutureExt;
+use std::sync::Arc;
+use std::time::Instant;
+
 use rand::TryRngCore;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::clock;
 use crate::error::{Error, FencingError};
@@ -13,9 +15,14 @@ use crate::guard::DropGuard;
 use crate::hand_off::{Turn, Watch};
 use crate::inner::{Held, Shared, Target};
 use crate::metrics::Tries;
-use crate::node::{Op, QueueTicket, Request, RwMode, RwOp};
+use crate::node::{Op, QueueTicket, RwMode, RwOp};
 use crate::quorum::{self, Failed};
-use crate::trace;
+
+pub(crate) use engine::{Attempt, Refused, Retries, count_attempt, deadline, line_up};
+pub(crate) use leave::Leave;
+
+use engine::ends_past;
+use leave::Place;
 
 /// A lock a majority granted, with its validity and fence: what `Lock` is made of.
 pub(crate) struct Acquired {
@@ -41,9 +48,8 @@ pub(crate) async fn acquire(
     shared.check_open()?;
     let config = &shared.config;
     let started = clock::now();
-    let deadline = config.acquire_timeout.and_then(|t| started.checked_add(t));
+    let deadline = deadline(config, started);
     let mut delays = config.backoff.delays();
-    let mut attempts: u32 = 0;
     let place = Place::take(shared, target)?;
     let in_line = clock::now();
     let (turn, waited_in_line) =
@@ -65,10 +71,9 @@ pub(crate) async fn acquire(
         // Released before the watch existed (that release woke nobody): attempt at once.
         if turn.held_here() {
             let waiting = clock::now();
-            tokio::select! {
-                // Past the deadline: attempt at once instead.
-                _ = sleep_before(delay, deadline) => {}
-                () = watch.released() => {}
+            // Past the deadline: attempt at once instead.
+            if !ends_past(delay, deadline) {
+                Watch::sleep_or_release(Some(watch), delay).await;
             }
             tries.backoff = tries.backoff.saturating_add(clock::since(waiting));
             shared.check_open()?;
@@ -84,116 +89,50 @@ pub(crate) async fn acquire(
     {
         watch = shared.hand_off.watch_subscribed(turn, place.waiter());
     }
-    loop {
-        if let Some(watch) = &watch {
-            watch.reset();
-        }
-        attempts = attempts.saturating_add(1);
-        tries.attempts = attempts;
-        trace::attempts(attempts);
-        let failed = match attempt(shared, target, place.ticket()).await {
-            Ok(acquired) => return Ok(place.granted(acquired)),
-            Err(failed) if !failed.is_retryable() => {
-                return Err(failed.into_error(&target.resources, attempts));
-            }
-            Err(failed) => failed,
-        };
-        tries.failed(&failed);
-        // Out of turn (the line took the whole budget): that was the last attempt.
-        let (Some(turn), Some(delay)) = (&turn, delays.next()) else {
-            return Err(failed.into_error(&target.resources, attempts));
-        };
-        if ends_past(delay, deadline) {
-            return Err(Error::AcquireTimeout {
-                waited: clock::since(started),
-                attempts,
-                last: Some(Box::new(failed.into_error(&target.resources, attempts))),
-            });
-        }
-        tracing::trace!(?delay, attempts, "lock attempt failed; retrying");
-        let watch = watch.get_or_insert_with(|| shared.hand_off.watch(turn, place.waiter()));
-        let waiting = clock::now();
-        tokio::select! {
-            () = tokio::time::sleep(delay) => {}
-            () = watch.released() => tracing::trace!("woken by a release"),
-        }
-        tries.backoff = tries.backoff.saturating_add(clock::since(waiting));
-        shared.check_open()?;
-    }
+    let retries = Retries {
+        started,
+        deadline,
+        delays,
+        retry: turn.is_some(),
+        watch,
+        recheck: false,
+        wait_out_deadline: false,
+        open: Some(shared),
+    };
+    let mut mutex = Mutex {
+        shared,
+        target,
+        place: &place,
+        turn: turn.as_ref(),
+    };
+    retries
+        .run(tries, &mut mutex)
+        .await
+        .map(|acquired| place.granted(acquired))
 }
 
-/// Waits for the head of the line of `keys` in this process (FIFO; see
-/// [`HandOff::turn`](crate::hand_off::HandOff::turn)), and says whether it had to wait at
-/// all. Each retry delay spent in line uses up one of `delays` (nobody ahead, the usual case,
-/// uses up none); `None` when they ran out in line (one last attempt is then made out of
-/// turn). Fails with [`Error::AcquireTimeout`] (no attempt made, waited since `started`) when
-/// the next delay would end past the deadline.
-pub(crate) async fn line_up(
-    shared: &Shared,
-    keys: &[String],
-    delays: &mut impl Iterator<Item = Duration>,
-    deadline: Option<Instant>,
-    started: Instant,
-) -> Result<(Option<Turn>, bool), Error> {
-    let line = shared.hand_off.turn(keys);
-    tokio::pin!(line);
-    if let Some(turn) = (&mut line).now_or_never() {
-        return Ok((Some(turn), false));
-    }
-    loop {
-        let delay = delays.next();
-        let wait = async {
-            match delay {
-                Some(delay) => sleep_before(delay, deadline).await,
-                None => Wake::Budget,
-            }
-        };
-        tokio::select! {
-            biased;
-            turn = &mut line => return Ok((Some(turn), true)),
-            wake = wait => match wake {
-                Wake::Slept => continue,
-                Wake::Budget => return Ok((None, true)),
-                Wake::Deadline => {
-                    return Err(Error::AcquireTimeout {
-                        waited: clock::since(started),
-                        attempts: 0,
-                        last: None,
-                    });
-                }
-            },
-        }
-    }
+/// A mutex's attempt on the schedule (see [`acquire`]): in turn, in its place in line.
+struct Mutex<'a> {
+    shared: &'a Arc<Shared>,
+    target: &'a Target,
+    place: &'a Place,
+    turn: Option<&'a Turn>,
 }
 
-/// How a wait in line ended.
-#[derive(Debug, PartialEq, Eq)]
-enum Wake {
-    /// The retry delay passed.
-    Slept,
-    /// No retry delay is left.
-    Budget,
-    /// The delay would end past `acquire_timeout`: at once, without sleeping.
-    Deadline,
-}
+impl Attempt for Mutex<'_> {
+    type Granted = Acquired;
 
-/// Whether a wait of `delay` from now would end past the deadline (a delay too long for an
-/// `Instant` certainly does).
-pub(crate) fn ends_past(delay: Duration, deadline: Option<Instant>) -> bool {
-    deadline.is_some_and(|deadline| {
-        clock::now()
-            .checked_add(delay)
-            .is_none_or(|wake| wake >= deadline)
-    })
-}
-
-/// Sleeps `delay`, unless it would end past the deadline.
-async fn sleep_before(delay: Duration, deadline: Option<Instant>) -> Wake {
-    if ends_past(delay, deadline) {
-        return Wake::Deadline;
+    async fn attempt(&mut self, tries: &mut Tries) -> Result<Acquired, Refused> {
+        let attempts = count_attempt(tries);
+        attempt(self.shared, self.target, self.place.ticket())
+            .await
+            .map_err(|failed| Refused::of(failed, tries, &self.target.resources, attempts))
     }
-    tokio::time::sleep(delay).await;
-    Wake::Slept
+
+    fn watch(&self) -> Option<Watch> {
+        self.turn
+            .map(|turn| self.shared.hand_off.watch(turn, self.place.waiter()))
+    }
 }
 
 /// One attempt and no retry (`try_acquire`); in fair mode, in turn.
@@ -203,108 +142,16 @@ pub(crate) async fn try_once(
     tries: &mut Tries,
 ) -> Result<Acquired, Error> {
     shared.check_open()?;
-    trace::attempts(1);
-    tries.attempts = 1;
     let place = Place::take(shared, target)?;
-    attempt(shared, target, place.ticket())
-        .await
-        .map(|acquired| place.granted(acquired))
-        .map_err(|failed| {
-            tries.failed(&failed);
-            failed.into_error(&target.resources, 1)
-        })
-}
-
-/// The longest a node keeps a fair waiter in line without hearing from it, however long
-/// the retry delays and the node timeout are.
-const LONGEST_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
-
-/// An acquisition's place in the fair queue of its keys on every node (fair mode): left on
-/// every node when dropped (the acquisition failed or was cancelled), or handed to the lock
-/// once granted, whose release leaves it.
-struct Place {
-    ticket: Option<Arc<QueueTicket>>,
-    shared: Arc<Shared>,
-    keys: Arc<[String]>,
-}
-
-impl Place {
-    /// The place of an acquisition of `target` (none outside fair mode).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Entropy`] when no waiter id can be made.
-    fn take(shared: &Arc<Shared>, target: &Target) -> Result<Place, Error> {
-        let config = &shared.config;
-        let waiter = if target.fair {
-            Some(new_token()?)
-        } else {
-            None
-        };
-        let ticket = waiter.map(|waiter| {
-            let lease = config
-                .backoff
-                .longest_delay()
-                .saturating_mul(3)
-                .saturating_add(config.node_timeout)
-                .max(Duration::from_secs(1))
-                // Within what the nodes take as an integer (Lua numbers, PEXPIRE).
-                .min(LONGEST_LEASE);
-            let since_epoch = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default();
-            Arc::new(QueueTicket {
-                waiter,
-                ticket: u64::try_from(since_epoch.as_micros()).unwrap_or(u64::MAX),
-                lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
-            })
-        });
-        Ok(Place {
-            ticket,
-            shared: Arc::clone(shared),
-            keys: Arc::clone(&target.keys),
-        })
-    }
-
-    fn ticket(&self) -> Option<&Arc<QueueTicket>> {
-        self.ticket.as_ref()
-    }
-
-    /// The lock now holds the place (its release leaves the queues).
-    fn granted(mut self, acquired: Acquired) -> Acquired {
-        self.ticket = None;
-        acquired
-    }
-
-    fn waiter(&self) -> Option<Arc<str>> {
-        self.ticket.as_ref().map(|t| Arc::clone(&t.waiter))
-    }
-}
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        let Some(ticket) = self.ticket.take() else {
-            return;
-        };
-        if self.keys.is_empty() || tokio::runtime::Handle::try_current().is_err() {
-            return;
-        }
-        let leave = Request {
-            op: Op::Leave,
-            keys: Arc::clone(&self.keys),
-            token: Arc::clone(&ticket.waiter),
-            ttl_ms: 0,
-            queue: Some(ticket),
-            rw: None,
-        };
-        for node in &self.shared.nodes {
-            // Queued now, after this acquisition's last call; the node bounds it, and a leave
-            // that never lands ends with its lease.
-            let call = node.call(&leave);
-            self.shared.tasks.spawn(async move {
-                let _ = call.await;
-            });
-        }
+    let mut mutex = Mutex {
+        shared,
+        target,
+        place: &place,
+        turn: None,
+    };
+    match mutex.attempt(tries).await {
+        Ok(acquired) => Ok(place.granted(acquired)),
+        Err(Refused::Again(error) | Refused::Final(error)) => Err(error),
     }
 }
 
