@@ -1,17 +1,14 @@
-//! The advisory calls every kind of node makes outside its queue (inspect, eviction policy,
-//! guarded write, run id), each one script or command (`EVALSHA`, loading the script on
-//! `NOSCRIPT`) on any connection, and, for a voter found through others (a Cluster), the
-//! [`Connector`] it makes them on.
+//! The advisory calls (inspect, forced release, guarded write, claim, read-write inspect,
+//! eviction policy, run id): each one script or command (`EVALSHA`, loading the script on
+//! `NOSCRIPT`) on any connection. A node's queue makes them in line with its lock calls, on
+//! its link's connection ([`Link::advise`](super::batch::Link::advise)).
 
-use std::future::Future;
-use std::sync::{Arc, LazyLock};
+use std::sync::LazyLock;
 
-use futures::future::BoxFuture;
 use redis::aio::ConnectionLike;
 use redis::{RedisError, Script};
 
-use super::{Claim, GuardedWrite, KeyRow, RwRow};
-use crate::error::NodeFailure;
+use super::{Advice, Advisory, Claim, GuardedWrite, KeyRow, RwRow};
 
 static INSPECT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/inspect.lua")));
@@ -116,73 +113,18 @@ pub(crate) async fn rw_inspect<C: ConnectionLike + Send>(
     invocation.invoke_async(conn).await
 }
 
-/// [`rw_inspect`] over a [`Connector`].
-#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
-pub(crate) fn rw_inspect_on<C: Connector>(
-    connector: &Arc<C>,
-    keys: Arc<[String]>,
-) -> BoxFuture<'static, Result<RwRow, NodeFailure>> {
-    let connector = Arc::clone(connector);
-    Box::pin(async move { on(&*connector, async |conn| rw_inspect(conn, &keys).await).await })
-}
-
-/// [`claim`] over a [`Connector`].
-#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
-pub(crate) fn claim_on<C: Connector>(
-    connector: &Arc<C>,
-    request: &Claim,
-) -> BoxFuture<'static, Result<String, NodeFailure>> {
-    let (connector, request) = (Arc::clone(connector), request.clone());
-    Box::pin(async move { on(&*connector, async |conn| claim(conn, &request).await).await })
-}
-
-/// Where a voter found through others (a Cluster) gets the connection its
-/// advisory calls use, and when it drops it.
-#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
-pub(crate) trait Connector: Send + Sync + 'static {
-    /// The connection the calls run on.
-    type Conn: ConnectionLike + Send;
-
-    /// The shared connection, made on first use, with its generation.
-    fn connection(&self) -> impl Future<Output = Result<(u64, Self::Conn), RedisError>> + Send;
-
-    /// Drops the connection of `generation` (if still the current one) after `err`, if it is
-    /// a failure this kind of node recovers from only by connecting afresh.
-    fn forget_after(&self, err: &RedisError, generation: u64) -> impl Future<Output = ()> + Send;
-}
-
-/// Runs `op` on `connector`'s connection and reports its failure to the connector.
-#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
-pub(crate) async fn on<C: Connector, T>(
-    connector: &C,
-    op: impl AsyncFnOnce(&mut C::Conn) -> Result<T, RedisError>,
-) -> Result<T, NodeFailure> {
-    // A connect that failed left nothing to forget.
-    let (generation, mut conn) = connector.connection().await?;
-    let result = op(&mut conn).await;
-    if let Err(err) = &result {
-        connector.forget_after(err, generation).await;
-    }
-    Ok(result?)
-}
-
-/// [`Node::inspect`](super::Node::inspect) over a [`Connector`].
-#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
-pub(crate) fn inspect_on<C: Connector>(
-    connector: &Arc<C>,
-    keys: Arc<[String]>,
-    delete: bool,
-) -> BoxFuture<'static, Result<Vec<KeyRow>, NodeFailure>> {
-    let connector = Arc::clone(connector);
-    Box::pin(async move { on(&*connector, async |conn| inspect(conn, &keys, delete).await).await })
-}
-
-/// [`Node::write_if_held`](super::Node::write_if_held) over a [`Connector`].
-#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
-pub(crate) fn write_if_held_on<C: Connector>(
-    connector: &Arc<C>,
-    write: &GuardedWrite,
-) -> BoxFuture<'static, Result<bool, NodeFailure>> {
-    let (connector, write) = (Arc::clone(connector), write.clone());
-    Box::pin(async move { on(&*connector, async |conn| write_if_held(conn, &write).await).await })
+/// Runs `advisory` on `conn`, a connection to one server (a Cluster's connection routes each
+/// by its keys; its eviction policy and run id are its own: see `cluster.rs`).
+pub(crate) async fn run<C: ConnectionLike + Send>(
+    conn: &mut C,
+    advisory: &Advisory,
+) -> Result<Advice, RedisError> {
+    Ok(match advisory {
+        Advisory::Inspect { keys, delete } => Advice::Keys(inspect(conn, keys, *delete).await?),
+        Advisory::WriteIfHeld(write) => Advice::Written(write_if_held(conn, write).await?),
+        Advisory::EvictionPolicy => Advice::EvictionPolicy(eviction_policy(conn).await?),
+        Advisory::RunId => Advice::RunId(run_id(conn).await?),
+        Advisory::Claim(request) => Advice::Claimed(claim(conn, request).await?),
+        Advisory::RwInspect { keys } => Advice::RwKeys(rw_inspect(conn, keys).await?),
+    })
 }

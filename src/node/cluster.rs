@@ -19,7 +19,7 @@ use tokio::time::{Instant, Sleep};
 use super::batch::{Link, PATIENCE, Replies, Run, Touch, check_count, write_eval, write_script};
 use super::connection::Holder;
 use super::queue::Queue;
-use super::{Advice, Advisory, Node, NodeCall, Request, advice, advisory};
+use super::{Advice, Advisory, Node, NodeCall, Request, advisory};
 use crate::error::NodeFailure;
 
 /// One Redis Cluster, reached through its seed nodes, voting once. The connection is made on
@@ -29,7 +29,6 @@ use crate::error::NodeFailure;
 /// connection made again (the slot map asked for), in the background.
 pub(crate) struct ClusterNode {
     addr: String,
-    shared: Arc<Shared>,
     queue: Queue,
 }
 
@@ -62,17 +61,12 @@ impl ClusterNode {
             client,
             conn: Holder::new(connect_timeout * DISCOVERY_STEPS).renewals_spaced(connect_timeout),
         });
-        let link_shared = Arc::clone(&shared);
         let queue = Queue::new(&addr, node_timeout, move || ClusterLink {
-            shared: Arc::clone(&link_shared),
+            shared: Arc::clone(&shared),
             stalled: HashMap::new(),
             generation: 0,
         });
-        Ok(ClusterNode {
-            addr,
-            shared,
-            queue,
-        })
+        Ok(ClusterNode { addr, queue })
     }
 }
 
@@ -88,9 +82,7 @@ impl Shared {
     }
 }
 
-impl advisory::Connector for Shared {
-    type Conn = ClusterConnection;
-
+impl Shared {
     /// The shared connection, or a new one (the seeds, the slot map, every master), made in a
     /// task of its own that a call given up does not abandon.
     async fn connection(&self) -> Result<(u64, ClusterConnection), RedisError> {
@@ -131,13 +123,30 @@ struct ClusterLink {
 }
 
 impl Link for ClusterLink {
+    async fn advise<'a>(&'a mut self, advisory: &'a Advisory) -> Result<Advice, NodeFailure> {
+        // A connect that failed left nothing to forget.
+        let (generation, mut conn) = self.shared.connection().await?;
+        let advised = match advisory {
+            // Every master's: `INFO memory` alone goes to one member, chosen at random.
+            Advisory::EvictionPolicy => masters_eviction_policy(&mut conn)
+                .await
+                .map(Advice::EvictionPolicy),
+            // Many servers: no one run_id.
+            Advisory::RunId => Ok(Advice::RunId(None)),
+            other => advisory::run(&mut conn, other).await,
+        };
+        if let Err(err) = &advised {
+            self.shared.forget_after(err, generation).await;
+        }
+        Ok(advised?)
+    }
+
     async fn send<'a>(
         &'a mut self,
         runs: &'a [Run],
         timeout: Duration,
         deadline: Pin<&'a mut Sleep>,
     ) -> Result<Replies, NodeFailure> {
-        use advisory::Connector as _;
         let at = deadline.deadline();
         let (generation, conn) = match tokio::time::timeout_at(at, self.shared.connection()).await {
             Ok(made) => made?,
@@ -248,7 +257,6 @@ impl Link for ClusterLink {
 
 impl ClusterLink {
     async fn forget_after(&self, failure: &NodeFailure, generation: u64) {
-        use advisory::Connector as _;
         if let NodeFailure::Reply(err) | NodeFailure::Connection(err) = failure {
             self.shared.forget_after(err, generation).await;
         }
@@ -289,32 +297,7 @@ impl Node for ClusterNode {
     }
 
     fn advise(&self, advisory: Advisory) -> BoxFuture<'static, Result<Advice, NodeFailure>> {
-        match advisory {
-            Advisory::Inspect { keys, delete } => advice(
-                advisory::inspect_on(&self.shared, keys, delete),
-                Advice::Keys,
-            ),
-            Advisory::WriteIfHeld(write) => advice(
-                advisory::write_if_held_on(&self.shared, &write),
-                Advice::Written,
-            ),
-            Advisory::Claim(claim) => {
-                advice(advisory::claim_on(&self.shared, &claim), Advice::Claimed)
-            }
-            // Every master's: `INFO memory` alone goes to one member, chosen at random.
-            Advisory::EvictionPolicy => {
-                let shared = Arc::clone(&self.shared);
-                advice(
-                    Box::pin(async move { advisory::on(&*shared, masters_eviction_policy).await }),
-                    Advice::EvictionPolicy,
-                )
-            }
-            // Many servers: no one run_id.
-            Advisory::RunId => Box::pin(async { Ok(Advice::RunId(None)) }),
-            Advisory::RwInspect { keys } => {
-                advice(advisory::rw_inspect_on(&self.shared, keys), Advice::RwKeys)
-            }
-        }
+        self.queue.advise(advisory)
     }
 
     fn addr(&self) -> &str {

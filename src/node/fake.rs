@@ -156,6 +156,27 @@ struct FakeLink {
 }
 
 impl Link for FakeLink {
+    async fn advise<'a>(&'a mut self, advisory: &'a Advisory) -> Result<Advice, NodeFailure> {
+        let timeout = *lock(&self.shared.timeout);
+        let hangs = matches!(advisory, Advisory::WriteIfHeld(_))
+            && self.shared.writes_hang.load(Ordering::SeqCst);
+        let mut conn = self.shared.server.clone();
+        let advised = async {
+            if hangs {
+                std::future::pending::<()>().await;
+            }
+            match advisory {
+                // One server: its run id is the simulated one's, which no test asks for.
+                Advisory::RunId => Ok(Advice::RunId(None)),
+                other => advisory::run(&mut conn, other).await,
+            }
+        };
+        match tokio::time::timeout(timeout, advised).await {
+            Ok(advised) => Ok(advised?),
+            Err(_) => Err(NodeFailure::Timeout(timeout)),
+        }
+    }
+
     async fn send<'a>(
         &'a mut self,
         runs: &'a [Run],
@@ -236,31 +257,7 @@ impl Node for FakeNode {
     }
 
     fn advise(&self, advisory: Advisory) -> BoxFuture<'static, Result<Advice, NodeFailure>> {
-        let shared = Arc::clone(&self.shared);
-        Box::pin(async move {
-            let mut conn = shared.server.clone();
-            Ok(match advisory {
-                Advisory::Inspect { keys, delete } => {
-                    Advice::Keys(advisory::inspect(&mut conn, &keys, delete).await?)
-                }
-                Advisory::WriteIfHeld(write) => {
-                    if shared.writes_hang.load(Ordering::SeqCst) {
-                        std::future::pending::<()>().await;
-                    }
-                    Advice::Written(advisory::write_if_held(&mut conn, &write).await?)
-                }
-                Advisory::EvictionPolicy => {
-                    Advice::EvictionPolicy(advisory::eviction_policy(&mut conn).await?)
-                }
-                Advisory::RunId => Advice::RunId(None),
-                Advisory::Claim(claim) => {
-                    Advice::Claimed(advisory::claim(&mut conn, &claim).await?)
-                }
-                Advisory::RwInspect { keys } => {
-                    Advice::RwKeys(advisory::rw_inspect(&mut conn, &keys).await?)
-                }
-            })
-        })
+        self.queue.advise(advisory)
     }
 
     fn addr(&self) -> &str {

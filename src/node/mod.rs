@@ -252,9 +252,10 @@ pub(crate) trait Node: Send + Sync {
     }
 
     /// Makes a call outside the lock protocol (see [`Advisory`]) and answers with the
-    /// [`Advice`] of the same kind. The caller bounds it with the node timeout; the typed
-    /// wrappers [`inspect`], [`write_if_held`], [`eviction_policy`] and [`run_id`] say what
-    /// each call does.
+    /// [`Advice`] of the same kind: on the node's queue, after every call made before it, on
+    /// the same connection. The caller bounds it with the node timeout; the typed wrappers
+    /// [`inspect`], [`write_if_held`], [`eviction_policy`] and [`run_id`] say what each call
+    /// does.
     fn advise(&self, advisory: Advisory) -> BoxFuture<'static, Result<Advice, NodeFailure>>;
 
     /// The node's address (host, port and database, never credentials), for error messages.
@@ -378,15 +379,6 @@ pub(crate) enum Advice {
     RunId(Option<String>),
     Claimed(String),
     RwKeys(RwRow),
-}
-
-/// `call`, an advisory call's own future, as [`Node::advise`] answers it.
-#[cfg(any(test, feature = "cluster"))]
-pub(crate) fn advice<T: 'static>(
-    call: BoxFuture<'static, Result<T, NodeFailure>>,
-    kind: fn(T) -> Advice,
-) -> BoxFuture<'static, Result<Advice, NodeFailure>> {
-    Box::pin(async move { call.await.map(kind) })
 }
 
 /// `node`'s answer to `advisory`, taken apart by `expect` (the variant asked for).

@@ -11,7 +11,7 @@ use super::connection::{Patient, ServerConnection, Source};
 use super::identity::{Identity, QuarantineRule};
 use super::queue::Queue;
 use super::server_link::ServerLink;
-use super::{Advice, Advisory, Node, NodeCall, Request, advisory};
+use super::{Advice, Advisory, Node, NodeCall, Request};
 use crate::error::NodeFailure;
 use crate::memory::{MemoryBook, Standing};
 
@@ -147,28 +147,7 @@ impl Node for RedisNode {
     }
 
     fn advise(&self, advisory: Advisory) -> BoxFuture<'static, Result<Advice, NodeFailure>> {
-        let shared = Arc::clone(&self.shared);
-        Box::pin(async move {
-            let mut conn = shared.connection().await?;
-            Ok(match advisory {
-                Advisory::Inspect { keys, delete } => {
-                    Advice::Keys(advisory::inspect(&mut conn, &keys, delete).await?)
-                }
-                Advisory::WriteIfHeld(write) => {
-                    Advice::Written(advisory::write_if_held(&mut conn, &write).await?)
-                }
-                Advisory::EvictionPolicy => {
-                    Advice::EvictionPolicy(advisory::eviction_policy(&mut conn).await?)
-                }
-                Advisory::RunId => Advice::RunId(advisory::run_id(&mut conn).await?),
-                Advisory::RwInspect { keys } => {
-                    Advice::RwKeys(advisory::rw_inspect(&mut conn, &keys).await?)
-                }
-                Advisory::Claim(claim) => {
-                    Advice::Claimed(advisory::claim(&mut conn, &claim).await?)
-                }
-            })
-        })
+        self.queue.advise(advisory)
     }
 
     fn addr(&self) -> &str {

@@ -11,13 +11,13 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, RedisError, Value};
 use tokio::time::Sleep;
 
-use super::Op;
 use super::batch::{
     BATCH, Link, Replies, Run, Touch, check_count, count_mismatch, evalsha, write_call,
 };
 use super::connection::{Connection, ServerConnection};
 use super::identity::{Due, Identity};
 use super::plain::{self, PlainSupport, Plan};
+use super::{Advice, Advisory, Op, advisory};
 use crate::error::{Class, NodeFailure};
 
 /// One server's link: the batch as one `EVALSHA` over its [`ServerConnection`], or, on a
@@ -346,6 +346,11 @@ impl ServerLink {
 }
 
 impl Link for ServerLink {
+    async fn advise<'a>(&'a mut self, advisory: &'a Advisory) -> Result<Advice, NodeFailure> {
+        let mut conn = self.connection.connection().await?;
+        Ok(advisory::run(&mut conn, advisory).await?)
+    }
+
     async fn send<'a>(
         &'a mut self,
         runs: &'a [Run],

@@ -13,7 +13,7 @@ use redis::{Cmd, Script, Value};
 use tokio::sync::oneshot;
 use tokio::time::Sleep;
 
-use super::{Op, Reply, Request};
+use super::{Advice, Advisory, Op, Reply, Request};
 use crate::error::{Class, NodeFailure};
 
 const BATCH_SOURCE: &str = include_str!("../../scripts/batch.lua");
@@ -42,6 +42,13 @@ pub(super) trait Link: Send + 'static {
         timeout: Duration,
         deadline: Pin<&'a mut Sleep>,
     ) -> impl Future<Output = Result<Replies, NodeFailure>> + Send + 'a;
+
+    /// Makes `advisory`, a call outside the lock protocol, on the same connection as the
+    /// batches (after those sent before it); the queue bounds it with its deadline.
+    fn advise<'a>(
+        &'a mut self,
+        advisory: &'a Advisory,
+    ) -> impl Future<Output = Result<Advice, NodeFailure>> + Send + 'a;
 }
 
 /// A batch's replies, one per request, in order.
@@ -74,6 +81,11 @@ pub(super) enum Job {
         resend_until: Option<Instant>,
     },
     Flush(oneshot::Sender<()>),
+    /// An advisory call, sent alone in its place in line.
+    Advise {
+        advisory: Advisory,
+        reply: oneshot::Sender<Result<Advice, NodeFailure>>,
+    },
 }
 
 /// One request of a batch: as [`Job::Run`].
@@ -197,6 +209,8 @@ impl Batch {
                 });
             }
             Job::Flush(done) => self.flushes.push(done),
+            // Never in a batch: the queue sends it alone.
+            advise @ Job::Advise { .. } => return Err(advise),
         }
         Ok(())
     }

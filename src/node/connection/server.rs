@@ -16,6 +16,7 @@ use super::{Holder, State, lock, needs_new_connection};
 use crate::error::NodeFailure;
 use crate::node::batch::{Link, PATIENCE, Replies, Run};
 use crate::node::identity::Identity;
+use crate::node::{Advice, Advisory};
 
 /// Where a server's connection comes from.
 #[derive(Clone)]
@@ -398,6 +399,13 @@ impl<L> Patient<L> {
 }
 
 impl<L: Link> Link for Patient<L> {
+    fn advise<'a>(
+        &'a mut self,
+        advisory: &'a Advisory,
+    ) -> impl Future<Output = Result<Advice, NodeFailure>> + Send + 'a {
+        self.link.advise(advisory)
+    }
+
     async fn send<'a>(
         &'a mut self,
         runs: &'a [Run],

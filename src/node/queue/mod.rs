@@ -21,6 +21,9 @@
 //!   (its keys are gone then anyway): a connection that resets, a node paused for longer than
 //!   the node timeout, never leave a lock key behind a release. A [`flush`](StartedQueue::flush)
 //!   (what `Redlock::close` waits for) waits for these too.
+//! - Advisory calls (`inspect`, a guarded write, a claim, the eviction policy) go through the
+//!   same queue, alone, in their place in line: an election's record written after its lock's
+//!   acquire runs after it on the server, whatever the timing.
 //! - The queue is bounded ([`QUEUE_CAPACITY`]): a request that finds it full fails with
 //!   [`NodeFailure::Overloaded`] instead of queueing without bound.
 
@@ -39,7 +42,7 @@ use tracing::Instrument;
 
 use self::serve::serve;
 use super::batch::{Job, Link};
-use super::{NodeCall, Op, Request, stopped};
+use super::{Advice, Advisory, NodeCall, Op, Request, stopped};
 use crate::clock;
 use crate::error::NodeFailure;
 
@@ -149,6 +152,24 @@ impl Queue {
         }
     }
 
+    /// Queues `advisory`, a call outside the lock protocol ([`Node::advise`]), in line with
+    /// the lock calls: it runs after every call made before it.
+    pub(crate) fn advise(
+        &self,
+        advisory: Advisory,
+    ) -> BoxFuture<'static, Result<Advice, NodeFailure>> {
+        let queued = self.with_started(|started| {
+            let answer = started.submit_advice(advisory)?;
+            Ok::<_, NodeFailure>((answer, started.watched().then(|| Arc::clone(started))))
+        });
+        Box::pin(async move {
+            match queued?? {
+                (answer, Some(started)) => started.watched_answer(answer).await,
+                (answer, None) => answer.await.unwrap_or_else(|_| Err(stopped())),
+            }
+        })
+    }
+
     /// Resolves once every request queued before it has run ([`Node::flush`]).
     pub(crate) fn flush(&self) -> BoxFuture<'static, ()> {
         let started = self.current();
@@ -233,10 +254,10 @@ impl StartedQueue {
 
     /// Waits for `answer` with the watchdog of [`served`](StartedQueue::served), for callers of
     /// a [`watched`](StartedQueue::watched) queue (the others simply await `answer`).
-    pub(crate) async fn watched_answer(
+    pub(crate) async fn watched_answer<T>(
         &self,
-        answer: oneshot::Receiver<Result<i64, NodeFailure>>,
-    ) -> Result<i64, NodeFailure> {
+        answer: oneshot::Receiver<Result<T, NodeFailure>>,
+    ) -> Result<T, NodeFailure> {
         match self.served(answer).await {
             Some(Ok(reply)) => reply,
             Some(Err(_)) => Err(stopped()),
@@ -274,12 +295,28 @@ impl StartedQueue {
         req: Request,
     ) -> Result<oneshot::Receiver<Result<i64, NodeFailure>>, NodeFailure> {
         let (reply, answer) = oneshot::channel();
-        match self.jobs.try_send(Job::Run {
+        self.try_send(Job::Run {
             req,
             reply: Some(reply),
             resend_until: None,
-        }) {
-            Ok(()) => Ok(answer),
+        })?;
+        Ok(answer)
+    }
+
+    /// Queues `advisory`; the answer arrives once it has run (or failed).
+    fn submit_advice(
+        &self,
+        advisory: Advisory,
+    ) -> Result<oneshot::Receiver<Result<Advice, NodeFailure>>, NodeFailure> {
+        let (reply, answer) = oneshot::channel();
+        self.try_send(Job::Advise { advisory, reply })?;
+        Ok(answer)
+    }
+
+    /// Queues `job`, or fails at once: the queue is full, or its serving task is gone.
+    fn try_send(&self, job: Job) -> Result<(), NodeFailure> {
+        match self.jobs.try_send(job) {
+            Ok(()) => Ok(()),
             Err(mpsc::error::TrySendError::Full(_)) => Err(NodeFailure::Overloaded {
                 queued: QUEUE_CAPACITY,
             }),
@@ -324,5 +361,67 @@ impl StartedQueue {
         } else {
             flush.await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::node::fake::{FAKE_TIMEOUT, Fake, FakeNode};
+    use crate::node::{GuardedWrite, Node, Op, Request, write_if_held};
+
+    fn acquire(key: &str, token: &str) -> Request {
+        Request {
+            op: Op::Acquire,
+            keys: vec![key.to_owned()].into(),
+            token: token.into(),
+            ttl_ms: 10_000,
+            queue: None,
+            rw: None,
+        }
+    }
+
+    fn write(lock_key: &str, token: &str) -> GuardedWrite {
+        GuardedWrite {
+            lock_key: lock_key.into(),
+            token: token.into(),
+            key: "record".into(),
+            value: Some("leader".into()),
+            ttl_ms: 10_000,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_advisory_call_runs_in_line_after_the_lock_calls_made_before_it() {
+        let node = FakeNode::new(Fake::Real);
+        // Not awaited: queued, as a lock's acquire is before its holder's guarded write.
+        let granted = node.call(&acquire("lock", "t1"));
+        let written = write_if_held(&node, write("lock", "t1")).await;
+        assert!(
+            written.expect("answered"),
+            "the write ran after the acquire"
+        );
+        assert_eq!(granted.await.expect("granted"), 1);
+        assert_eq!(node.holder("record").as_deref(), Some("leader"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_advisory_call_behind_a_hung_call_is_answered_within_one_timeout() {
+        let node = Arc::new(FakeNode::new(Fake::Never));
+        let hung = node.call(&acquire("lock", "t1"));
+        let start = tokio::time::Instant::now();
+        let written = write_if_held(&*node, write("lock", "t1")).await;
+        assert!(written.is_err(), "{written:?}");
+        assert!(start.elapsed() <= FAKE_TIMEOUT, "{:?}", start.elapsed());
+        assert!(hung.await.is_err());
+        // The node answers again: the next call runs.
+        node.set(Op::Acquire, Fake::Real);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(
+            node.call(&acquire("other", "t2")).await.expect("granted"),
+            1
+        );
     }
 }

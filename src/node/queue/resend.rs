@@ -113,6 +113,7 @@ impl Resend {
         self.jobs.retain(|job| match job {
             Job::Run { resend_until, .. } => resend_until.is_some_and(|until| now < until),
             Job::Flush(_) => true,
+            Job::Advise { .. } => false,
         });
         if self.jobs.is_empty() {
             self.next = None;
@@ -193,6 +194,7 @@ mod tests {
             .map(|job| match job {
                 Job::Run { req, .. } => req.token.to_string(),
                 Job::Flush(_) => "flush".to_owned(),
+                Job::Advise { .. } => "advise".to_owned(),
             })
             .collect();
         assert_eq!(left, ["long"]);

@@ -45,7 +45,30 @@ pub(super) async fn serve<L: Link>(
         if let Some(progress) = &progress {
             progress.mark();
         }
-        let first = resend.hold_flush(first);
+        let first = match resend.hold_flush(first) {
+            Job::Advise { advisory, reply } => {
+                reset(deadline.as_mut(), timeout);
+                let advised = tokio::select! {
+                    biased;
+                    advised = link.advise(&advisory) => advised,
+                    () = deadline.as_mut() => Err(NodeFailure::Timeout(timeout)),
+                };
+                if let Some(progress) = &progress {
+                    progress.mark();
+                }
+                let timed_out = match &advised {
+                    Err(failure @ NodeFailure::Timeout(_)) => Some(failure.clone()),
+                    _ => None,
+                };
+                let _ = reply.send(advised);
+                if let Some(failure) = timed_out {
+                    // As behind a hung batch.
+                    hung(&mut queue, &mut backlog, &failure);
+                }
+                continue;
+            }
+            first => first,
+        };
         batch.start(first);
         // Coalesce what is already waiting, up to the caps, in order; then what is to be
         // sent again.
@@ -77,10 +100,7 @@ pub(super) async fn serve<L: Link>(
                 break;
             }
         }
-        // (A timeout too long for an Instant leaves the first, far-future deadline.)
-        if let Some(at) = tokio::time::Instant::from_std(clock::now()).checked_add(timeout) {
-            deadline.as_mut().reset(at);
-        }
+        reset(deadline.as_mut(), timeout);
         let ran = batch
             .run(
                 &mut link,
@@ -105,15 +125,29 @@ pub(super) async fn serve<L: Link>(
                     // Every request queued behind a hung call has waited long enough: answer
                     // it now. (A flush among them keeps its place: it is held, if need be,
                     // when its turn comes, so that it never passes what was queued before it.)
-                    while let Ok(job) = queue.try_recv() {
-                        backlog.push_back(job);
-                    }
-                    answer_behind_hung_call(&mut backlog, &failure);
+                    hung(&mut queue, &mut backlog, &failure);
                 }
             }
         }
         resend.settle();
     }
+}
+
+/// Sets `deadline` `timeout` from now. (A timeout too long for an Instant leaves the first,
+/// far-future deadline.)
+fn reset(deadline: std::pin::Pin<&mut tokio::time::Sleep>, timeout: Duration) {
+    if let Some(at) = tokio::time::Instant::from_std(clock::now()).checked_add(timeout) {
+        deadline.reset(at);
+    }
+}
+
+/// After a call that timed out: takes everything queued behind it into `backlog` and answers
+/// it ([`answer_behind_hung_call`]).
+fn hung(queue: &mut mpsc::Receiver<Job>, backlog: &mut VecDeque<Job>, failure: &NodeFailure) {
+    while let Ok(job) = queue.try_recv() {
+        backlog.push_back(job);
+    }
+    answer_behind_hung_call(backlog, failure);
 }
 
 /// Answers every request of `backlog` (those queued behind a call that timed out, never
@@ -127,19 +161,31 @@ pub(super) async fn serve<L: Link>(
 /// that node only.
 fn answer_behind_hung_call(backlog: &mut VecDeque<Job>, failure: &NodeFailure) {
     let mut cleanups = 0;
-    backlog.retain_mut(|job| match job {
-        Job::Run { req, reply, .. } => {
-            if let Some(reply) = reply.take() {
+    for job in std::mem::take(backlog) {
+        match job {
+            Job::Run {
+                req,
+                reply,
+                resend_until,
+            } => {
+                if let Some(reply) = reply {
+                    let _ = reply.send(Err(failure.clone()));
+                }
+                if matches!(req.op, Op::Release | Op::Leave) && cleanups < QUEUE_CAPACITY {
+                    cleanups += 1;
+                    backlog.push_back(Job::Run {
+                        req,
+                        reply: None,
+                        resend_until,
+                    });
+                }
+            }
+            Job::Flush(done) => backlog.push_back(Job::Flush(done)),
+            Job::Advise { reply, .. } => {
                 let _ = reply.send(Err(failure.clone()));
             }
-            if !matches!(req.op, Op::Release | Op::Leave) {
-                return false;
-            }
-            cleanups += 1;
-            cleanups <= QUEUE_CAPACITY
         }
-        Job::Flush(_) => true,
-    });
+    }
 }
 
 #[cfg(test)]
@@ -154,6 +200,7 @@ mod tests {
             .map(|job| match job {
                 Job::Run { req, .. } => req.token.to_string(),
                 Job::Flush(_) => "flush".to_owned(),
+                Job::Advise { .. } => "advise".to_owned(),
             })
             .collect()
     }
