@@ -4,12 +4,17 @@
 //! error answered as Redis answers it (`<error> script: <sha>, on @user_script:<line>.`).
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use mlua::{Function, Lua, LuaOptions, MultiValue, StdLib, Table};
 use redis::Value;
 
 use super::keyspace::{self, Keyspace};
 use super::reply::{self, g17};
+
+/// The name of every script's chunk, as Redis 7.0 names it.
+const SCRIPT_NAME: &str = "@user_script";
 
 /// The name of the shim's chunk: its frames are skipped when an error's line is looked up.
 const SHIM_NAME: &str = "=redis_shim";
@@ -95,6 +100,10 @@ pub(super) struct Scripts {
     /// Calls a compiled script under the error handler: `(ok, reply or error table)`.
     runner: Function,
     compiled: HashMap<String, Function>,
+    /// The line of a script that ran last (-1 before the first): where an error is, when the
+    /// script's frame is gone (`return redis.call(...)` is a tail call into the shim, where
+    /// Redis's `redis.call`, a C function, keeps the script's frame).
+    line: Arc<AtomicI64>,
 }
 
 /// The sha1 of a script's source, in lower-case hex (as `SCRIPT LOAD` and redis-rs make it).
@@ -109,8 +118,25 @@ impl Scripts {
             StdLib::TABLE | StdLib::STRING | StdLib::MATH,
             LuaOptions::new(),
         )?;
+        let line = Arc::new(AtomicI64::new(-1));
+        let last = Arc::clone(&line);
+        lua.set_hook(mlua::HookTriggers::EVERY_LINE, move |_, debug| {
+            if debug.source().source.as_deref() == Some(SCRIPT_NAME)
+                && let Some(at) = debug.current_line().and_then(|l| i64::try_from(l).ok())
+            {
+                last.store(at, Ordering::Relaxed);
+            }
+            Ok(mlua::VmState::Continue)
+        })?;
         let raw = lua.create_function(|lua, args: MultiValue| raw_call(lua, args))?;
-        let where_ = lua.create_function(|lua, ()| Ok(user_frame(lua)))?;
+        let last = Arc::clone(&line);
+        let where_ = lua.create_function(move |lua, ()| {
+            let frame = user_frame(lua).or_else(|| {
+                let at = last.load(Ordering::Relaxed);
+                (at >= 0).then(|| (Some(SCRIPT_NAME.to_owned()), Some(at)))
+            });
+            Ok(frame.unwrap_or((None, None)))
+        })?;
         let runner: Function = lua
             .load(SHIM)
             .set_name(SHIM_NAME)
@@ -123,6 +149,7 @@ impl Scripts {
             lua,
             runner,
             compiled: HashMap::new(),
+            line,
         })
     }
 
@@ -134,7 +161,7 @@ impl Scripts {
             let function = self
                 .lua
                 .load(source)
-                .set_name("@user_script")
+                .set_name(SCRIPT_NAME)
                 .set_mode(mlua::chunk::ChunkMode::Text)
                 .into_function()
                 .map_err(|e| {
@@ -171,6 +198,7 @@ impl Scripts {
         space: &mut Keyspace,
     ) -> Option<Value> {
         let function = self.compiled.get(sha)?;
+        self.line.store(-1, Ordering::Relaxed);
         self.lua.set_app_data(std::mem::take(space));
         let outcome = self.call(function, keys, argv);
         if let Some(back) = self.lua.remove_app_data::<Keyspace>() {
@@ -235,11 +263,12 @@ fn lua_number(n: f64) -> String {
 }
 
 /// The innermost frame of a script (neither C nor the shim): its source and current line.
-fn user_frame(lua: &Lua) -> (Option<String>, Option<i64>) {
+fn user_frame(lua: &Lua) -> Option<(Option<String>, Option<i64>)> {
     for level in 0..64 {
         let frame = lua.inspect_stack(level, |debug| {
             let source = debug.source();
-            let ours = source.what == "C" || source.source.as_deref() == Some(SHIM_NAME);
+            let ours =
+                matches!(source.what, "C" | "tail") || source.source.as_deref() == Some(SHIM_NAME);
             (!ours).then(|| {
                 let line = debug.current_line().and_then(|l| i64::try_from(l).ok());
                 (source.source.map(|s| s.into_owned()), line)
@@ -248,10 +277,10 @@ fn user_frame(lua: &Lua) -> (Option<String>, Option<i64>) {
         match frame {
             None => break,
             Some(None) => continue,
-            Some(Some(found)) => return found,
+            Some(Some(found)) => return Some(found),
         }
     }
-    (None, None)
+    None
 }
 
 /// `redis.call`'s and `redis.pcall`'s work: runs the command and returns its reply converted

@@ -12,6 +12,10 @@ pub(crate) mod server;
 mod zset;
 
 #[cfg(test)]
+mod differential;
+#[cfg(test)]
+mod differential_gen;
+#[cfg(test)]
 mod tests;
 
 pub(crate) use server::SimServer;
