@@ -187,6 +187,16 @@ fn the_simulated_server_answers_as_redis_server() {
     let mut sim = SimServer::new(wall_ms());
     let state = state_commands();
     let state_args: Vec<Vec<Vec<u8>>> = state.iter().map(|(args, _)| args.clone()).collect();
+    sim.set_time(wall_ms());
+    for args in Gen::sweep() {
+        let real_reply = real.send(std::slice::from_ref(&args)).remove(0);
+        let sim_reply = sim.command(&args);
+        assert!(
+            agree(&sim_reply, &real_reply, Compare::Exact),
+            "sweep: {}\n  simulated: {sim_reply:?}\n  redis:     {real_reply:?}",
+            show(&args),
+        );
+    }
     let (mut steps, mut cases) = (0, 0);
     for case in 0..400_u64 {
         if started.elapsed() > Duration::from_secs(4) && case >= 50 {

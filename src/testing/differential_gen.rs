@@ -95,6 +95,17 @@ const AD_HOC: &[&str] = &[
     "return redis.call('PING')",
     "return redis.call",
     "return 'line\\r\\nbreak'",
+    "x = 1\nreturn 1",
+    "return y",
+    "local function g() z = 2 end\ng()\nreturn 1",
+    "redis = nil\nreturn 1",
+    "KEYS = 5",
+    "return _G.q",
+    "return {type(print), type(loadstring), type(unpack), type(getmetatable(_G))}",
+    "return redis.call()",
+    "return redis.call({})",
+    "return redis.call('EVAL', 'return 1', '0')",
+    "return tostring(1e15) .. tostring(0.1) .. tostring(-0)",
 ];
 
 /// A seeded source of steps.
@@ -155,6 +166,24 @@ impl Gen {
             self.pick(&["a", "b", "z", "q", "rw", "a:redfence:queue"])
                 .to_owned()
         }
+    }
+
+    /// Every ad hoc script on a string, a sorted set and a missing key (after a `SET` and a
+    /// `ZADD` that make the first two): the sweep before the random cases.
+    pub(super) fn sweep() -> Vec<Vec<Vec<u8>>> {
+        let mut steps = vec![
+            vec!["SET", "a", "12"],
+            vec!["ZADD", "q", "1.5", "m1", "-2", "m2"],
+        ];
+        for source in AD_HOC {
+            for key in ["a", "q", "n"] {
+                steps.push(vec!["EVAL", source, "1", key, "m1"]);
+            }
+        }
+        steps
+            .into_iter()
+            .map(|words| words.into_iter().map(|w| w.as_bytes().to_vec()).collect())
+            .collect()
     }
 
     /// The next step: a command and how to compare its replies.

@@ -85,9 +85,30 @@ local function handler(err)
   end
   return err
 end
+-- The scripts' globals: Redis's read-only table, whose missing names are errors.
+local G = _G
+local env = {}
+setmetatable(env, {
+  __index = function(_, name)
+    if name == "_G" then
+      return env
+    end
+    local value = rawget(G, name)
+    if value == nil then
+      error("Script attempted to access nonexistent global variable '" .. tostring(name) .. "'", 2)
+    end
+    return value
+  end,
+  __newindex = function()
+    error("Attempt to modify a readonly table", 2)
+  end,
+})
+for _, name in ipairs({"print", "setfenv", "getfenv", "newproxy", "dofile", "loadfile"}) do
+  G[name] = nil
+end
 return function(f)
   return xpcall(f, handler)
-end
+end, env
 "##;
 
 /// Commands a script may not call (Redis: `This Redis command is not allowed from script`).
@@ -99,6 +120,8 @@ pub(super) struct Scripts {
     lua: Lua,
     /// Calls a compiled script under the error handler: `(ok, reply or error table)`.
     runner: Function,
+    /// The scripts' globals (see the shim).
+    env: Table,
     compiled: HashMap<String, Function>,
     /// The line of a script that ran last (-1 before the first): where an error is, when the
     /// script's frame is gone (`return redis.call(...)` is a tail call into the shim, where
@@ -137,17 +160,15 @@ impl Scripts {
             });
             Ok(frame.unwrap_or((None, None)))
         })?;
-        let runner: Function = lua
+        let (runner, env): (Function, Table) = lua
             .load(SHIM)
             .set_name(SHIM_NAME)
             .set_mode(mlua::chunk::ChunkMode::Text)
             .call((raw, where_))?;
-        for name in ["loadfile", "dofile"] {
-            lua.globals().raw_set(name, mlua::Value::Nil)?;
-        }
         Ok(Scripts {
             lua,
             runner,
+            env,
             compiled: HashMap::new(),
             line,
         })
@@ -162,6 +183,7 @@ impl Scripts {
                 .lua
                 .load(source)
                 .set_name(SCRIPT_NAME)
+                .set_environment(self.env.clone())
                 .set_mode(mlua::chunk::ChunkMode::Text)
                 .into_function()
                 .map_err(|e| {

@@ -16,6 +16,8 @@ mod differential;
 #[cfg(test)]
 mod differential_gen;
 #[cfg(test)]
+mod script_tests;
+#[cfg(test)]
 mod tests;
 
 pub(crate) use server::SimServer;
