@@ -4,14 +4,13 @@
 //! error answered as Redis answers it (`<error> script: <sha>, on @user_script:<line>.`).
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 
 use mlua::{Function, Lua, LuaOptions, MultiValue, StdLib, Table};
 use redis::Value;
 
 use super::keyspace::{self, Keyspace};
 use super::reply::{self, g17};
+use super::tail;
 
 /// The name of every script's chunk, as Redis 7.0 names it.
 const SCRIPT_NAME: &str = "@user_script";
@@ -123,10 +122,6 @@ pub(super) struct Scripts {
     /// The scripts' globals (see the shim).
     env: Table,
     compiled: HashMap<String, Function>,
-    /// The line of a script that ran last (-1 before the first): where an error is, when the
-    /// script's frame is gone (`return redis.call(...)` is a tail call into the shim, where
-    /// Redis's `redis.call`, a C function, keeps the script's frame).
-    line: Arc<AtomicI64>,
 }
 
 /// The sha1 of a script's source, in lower-case hex (as `SCRIPT LOAD` and redis-rs make it).
@@ -141,25 +136,8 @@ impl Scripts {
             StdLib::TABLE | StdLib::STRING | StdLib::MATH,
             LuaOptions::new(),
         )?;
-        let line = Arc::new(AtomicI64::new(-1));
-        let last = Arc::clone(&line);
-        lua.set_hook(mlua::HookTriggers::EVERY_LINE, move |_, debug| {
-            if debug.source().source.as_deref() == Some(SCRIPT_NAME)
-                && let Some(at) = debug.current_line().and_then(|l| i64::try_from(l).ok())
-            {
-                last.store(at, Ordering::Relaxed);
-            }
-            Ok(mlua::VmState::Continue)
-        })?;
         let raw = lua.create_function(|lua, args: MultiValue| raw_call(lua, args))?;
-        let last = Arc::clone(&line);
-        let where_ = lua.create_function(move |lua, ()| {
-            let frame = user_frame(lua).or_else(|| {
-                let at = last.load(Ordering::Relaxed);
-                (at >= 0).then(|| (Some(SCRIPT_NAME.to_owned()), Some(at)))
-            });
-            Ok(frame.unwrap_or((None, None)))
-        })?;
+        let where_ = lua.create_function(|lua, ()| Ok(user_frame(lua).unwrap_or((None, None))))?;
         let (runner, env): (Function, Table) = lua
             .load(SHIM)
             .set_name(SHIM_NAME)
@@ -170,7 +148,6 @@ impl Scripts {
             runner,
             env,
             compiled: HashMap::new(),
-            line,
         })
     }
 
@@ -181,7 +158,7 @@ impl Scripts {
         if !self.compiled.contains_key(&sha) {
             let function = self
                 .lua
-                .load(source)
+                .load(tail::guard(source))
                 .set_name(SCRIPT_NAME)
                 .set_environment(self.env.clone())
                 .set_mode(mlua::chunk::ChunkMode::Text)
@@ -220,7 +197,6 @@ impl Scripts {
         space: &mut Keyspace,
     ) -> Option<Value> {
         let function = self.compiled.get(sha)?;
-        self.line.store(-1, Ordering::Relaxed);
         self.lua.set_app_data(std::mem::take(space));
         let outcome = self.call(function, keys, argv);
         if let Some(back) = self.lua.remove_app_data::<Keyspace>() {

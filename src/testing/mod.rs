@@ -9,6 +9,7 @@ mod keyspace;
 mod lua;
 mod reply;
 pub(crate) mod server;
+mod tail;
 mod zset;
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ fn with(source: &str) -> (SimServer, String) {
     (server, sha)
 }
 
+/// The batch script.
 const BATCH: &str = include_str!("../scripts/batch.lua");
 
 #[test]

@@ -44,6 +44,12 @@ pub(super) fn load(server: &mut SimServer, source: &str) -> String {
 }
 
 #[test]
+fn a_server_can_move_between_threads() {
+    fn sendable<T: Send + Sync>() {}
+    sendable::<SimServer>();
+}
+
+#[test]
 fn strings_and_expiry() {
     let mut s = SimServer::new(1_000);
     assert_eq!(
