@@ -135,6 +135,20 @@ fn agree(sim: &Value, real: &Value, compare: Compare) -> bool {
     match (compare, masked(sim), masked(real)) {
         (Compare::Exact, a, b) => a == b,
         (Compare::Near, a, b) => near(&a, &b),
+        (Compare::Scan, a, b) => sorted_scan(a) == sorted_scan(b),
+    }
+}
+
+/// A `SCAN` reply with its keys sorted.
+fn sorted_scan(reply: Value) -> Value {
+    match reply {
+        Value::Array(mut parts) => {
+            if let Some(Value::Array(keys)) = parts.get_mut(1) {
+                keys.sort_by(|x, y| format!("{x:?}").cmp(&format!("{y:?}")));
+            }
+            Value::Array(parts)
+        }
+        other => other,
     }
 }
 

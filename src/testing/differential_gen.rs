@@ -11,6 +11,8 @@ pub(super) enum Compare {
     Exact,
     /// Equal but for integers within 100 (time left, in ms).
     Near,
+    /// A `SCAN` reply: equal keys in any order.
+    Scan,
 }
 
 /// redfence's scripts, by name.
@@ -387,7 +389,16 @@ impl Gen {
                 vec!["INCRBY".to_owned(), key, by]
             }
             12 => vec!["MGET".to_owned(), key, other],
-            13 => vec!["PUBLISH".to_owned(), key, value],
+            13 if self.one_in(2) => vec!["PUBLISH".to_owned(), key, value],
+            13 => {
+                let pattern = self.pick(&["*", "a*", "*:redfence:*", "?", "[ab]", "rw:[^r]*"]);
+                let mut w = ["SCAN", "0", "COUNT", "1000"].map(str::to_owned).to_vec();
+                w.extend(["MATCH".to_owned(), pattern.to_owned()]);
+                if self.one_in(3) {
+                    w.extend(["TYPE".to_owned(), self.pick(&["string", "zset"]).to_owned()]);
+                }
+                return (w, Compare::Scan);
+            }
             _ => match self.below(4) {
                 0 => vec!["NOSUCH".to_owned(), key, value],
                 1 => vec!["GET".to_owned()],

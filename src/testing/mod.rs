@@ -8,6 +8,7 @@
 mod keyspace;
 mod lua;
 mod reply;
+mod scan;
 pub(crate) mod server;
 mod tail;
 mod zset;

@@ -140,6 +140,37 @@ fn generic_commands() {
 }
 
 #[test]
+fn scan_and_redis_rs_commands() {
+    let mut s = SimServer::new(0);
+    for key in ["fence:{a}", "fence:{b}", "other"] {
+        run(&mut s, &["SET", key, "1"]);
+    }
+    run(&mut s, &["ZADD", "fence:z", "1", "m"]);
+    let all = Value::Array(vec![
+        bulk("0"),
+        bulks(&["fence:z", "fence:{a}", "fence:{b}", "other"]),
+    ]);
+    assert_eq!(run(&mut s, &["SCAN", "0"]), all);
+    let mut cmd = redis::cmd("SCAN");
+    cmd.arg(0)
+        .arg("MATCH")
+        .arg("fence:{*}")
+        .arg("COUNT")
+        .arg(100);
+    let matched = Value::Array(vec![bulk("0"), bulks(&["fence:{a}", "fence:{b}"])]);
+    assert_eq!(s.run_cmd(&cmd), matched);
+    let typed = run(&mut s, &["SCAN", "0", "TYPE", "zset"]);
+    assert_eq!(typed, Value::Array(vec![bulk("0"), bulks(&["fence:z"])]));
+    assert_eq!(
+        error_text(run(&mut s, &["SCAN", "x"])),
+        "ERR invalid cursor"
+    );
+    let mut mget = redis::cmd("MGET");
+    mget.arg(&["fence:{a}", "none"]);
+    assert_eq!(s.run_cmd(&mget), Value::Array(vec![bulk("1"), Value::Nil]));
+}
+
+#[test]
 fn pexpire_and_its_options() {
     let mut s = SimServer::new(1_000);
     assert_eq!(run(&mut s, &["PEXPIRE", "k", "100"]), Value::Int(0));
