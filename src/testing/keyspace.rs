@@ -152,9 +152,14 @@ impl Keyspace {
         }
     }
 
-    /// Runs the data command `name` (lower case, a known one whose arity fits) on `args` (the
-    /// name first).
+    /// Runs the data command `name` (lower case) on `args` (the name first); an error reply for
+    /// a command it does not know or the wrong number of arguments.
     pub(super) fn run(&mut self, name: &str, args: &[Vec<u8>]) -> Value {
+        match spec(name) {
+            Some(spec) if spec.fits(args.len()) => {}
+            Some(spec) => return reply::arity(spec.name),
+            None => return reply::error("ERR the simulated server has no such command"),
+        }
         let a = &args[1..];
         match name {
             "get" => match self.string(&a[0]) {
