@@ -37,6 +37,7 @@ pub(super) struct Keyspace {
 
 /// A command this server knows: its name as Redis writes it in errors, and its arity (as
 /// Redis: `n` exactly, `-n` at least `n`, the name included).
+#[derive(Clone, Copy, Debug)]
 pub(super) struct Spec {
     /// The command's lower-case name.
     pub(super) name: &'static str,
@@ -44,101 +45,39 @@ pub(super) struct Spec {
     pub(super) arity: i32,
 }
 
-/// The data commands, with their arities (Redis 7.0's).
-const SPECS: &[Spec] = &[
-    Spec {
-        name: "get",
-        arity: 2,
-    },
-    Spec {
-        name: "set",
-        arity: -3,
-    },
-    Spec {
-        name: "del",
-        arity: -2,
-    },
-    Spec {
-        name: "exists",
-        arity: -2,
-    },
-    Spec {
-        name: "pexpire",
-        arity: -3,
-    },
-    Spec {
-        name: "pttl",
-        arity: 2,
-    },
-    Spec {
-        name: "getrange",
-        arity: 4,
-    },
-    Spec {
-        name: "strlen",
-        arity: 2,
-    },
-    Spec {
-        name: "incr",
-        arity: 2,
-    },
-    Spec {
-        name: "incrby",
-        arity: 3,
-    },
-    Spec {
-        name: "mget",
-        arity: -2,
-    },
-    Spec {
-        name: "type",
-        arity: 2,
-    },
-    Spec {
-        name: "time",
-        arity: 1,
-    },
-    Spec {
-        name: "publish",
-        arity: 3,
-    },
-    Spec {
-        name: "dbsize",
-        arity: 1,
-    },
-    Spec {
-        name: "zadd",
-        arity: -4,
-    },
-    Spec {
-        name: "zrange",
-        arity: -4,
-    },
-    Spec {
-        name: "zrangebyscore",
-        arity: -4,
-    },
-    Spec {
-        name: "zrem",
-        arity: -3,
-    },
-    Spec {
-        name: "zremrangebyscore",
-        arity: 4,
-    },
-    Spec {
-        name: "zscore",
-        arity: 3,
-    },
-    Spec {
-        name: "zcard",
-        arity: 2,
-    },
+/// The data commands and their arities (Redis 7.0's).
+const SPECS: &[(&str, i32)] = &[
+    ("get", 2),
+    ("set", -3),
+    ("del", -2),
+    ("exists", -2),
+    ("pexpire", -3),
+    ("pttl", 2),
+    ("getrange", 4),
+    ("strlen", 2),
+    ("incr", 2),
+    ("incrby", 3),
+    ("mget", -2),
+    ("type", 2),
+    ("time", 1),
+    ("publish", 3),
+    ("dbsize", 1),
+    ("scan", -2),
+    ("zadd", -4),
+    ("zrange", -4),
+    ("zrangebyscore", -4),
+    ("zrem", -3),
+    ("zremrangebyscore", 4),
+    ("zscore", 3),
+    ("zcard", 2),
 ];
 
 /// The data command called `name` (lower case), if this server knows it.
-pub(super) fn spec(name: &str) -> Option<&'static Spec> {
-    SPECS.iter().find(|spec| spec.name == name)
+pub(super) fn spec(name: &str) -> Option<Spec> {
+    SPECS
+        .iter()
+        .find(|(known, _)| *known == name)
+        .map(|&(name, arity)| Spec { name, arity })
 }
 
 impl Spec {
@@ -179,6 +118,14 @@ impl Keyspace {
         self.keys.get_mut(key)
     }
 
+    /// Every live key and its entry, in no order.
+    pub(super) fn live(&self) -> impl Iterator<Item = (&[u8], &Entry)> {
+        self.keys
+            .iter()
+            .filter(|(_, entry)| entry.expires.is_none_or(|at| at >= self.now))
+            .map(|(key, entry)| (key.as_slice(), entry))
+    }
+
     /// Puts `entry` at `key`, over whatever was there.
     pub(super) fn insert(&mut self, key: &[u8], entry: Entry) {
         self.keys.insert(key.to_vec(), entry);
@@ -205,9 +152,14 @@ impl Keyspace {
         }
     }
 
-    /// Runs the data command `name` (lower case, a known one whose arity fits) on `args` (the
-    /// name first).
+    /// Runs the data command `name` (lower case) on `args` (the name first); an error reply for
+    /// a command it does not know or the wrong number of arguments.
     pub(super) fn run(&mut self, name: &str, args: &[Vec<u8>]) -> Value {
+        match spec(name) {
+            Some(spec) if spec.fits(args.len()) => {}
+            Some(spec) => return reply::arity(spec.name),
+            None => return reply::error("ERR the simulated server has no such command"),
+        }
         let a = &args[1..];
         match name {
             "get" => match self.string(&a[0]) {
@@ -247,7 +199,8 @@ impl Keyspace {
                 bulk((self.now % 1000 * 1000).to_string()),
             ]),
             "publish" => Value::Int(0),
-            "dbsize" => count(self.keys.keys().filter(|k| self.entry(k).is_some()).count()),
+            "dbsize" => count(self.live().count()),
+            "scan" => super::scan::scan(self, a),
             _ => zset::run(self, name, a),
         }
     }

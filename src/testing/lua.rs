@@ -10,6 +10,10 @@ use redis::Value;
 
 use super::keyspace::{self, Keyspace};
 use super::reply::{self, g17};
+use super::tail;
+
+/// The name of every script's chunk, as Redis 7.0 names it.
+const SCRIPT_NAME: &str = "@user_script";
 
 /// The name of the shim's chunk: its frames are skipped when an error's line is looked up.
 const SHIM_NAME: &str = "=redis_shim";
@@ -80,9 +84,30 @@ local function handler(err)
   end
   return err
 end
+-- The scripts' globals: Redis's read-only table, whose missing names are errors.
+local G = _G
+local env = {}
+setmetatable(env, {
+  __index = function(_, name)
+    if name == "_G" then
+      return env
+    end
+    local value = rawget(G, name)
+    if value == nil then
+      error("Script attempted to access nonexistent global variable '" .. tostring(name) .. "'", 2)
+    end
+    return value
+  end,
+  __newindex = function()
+    error("Attempt to modify a readonly table", 2)
+  end,
+})
+for _, name in ipairs({"print", "setfenv", "getfenv", "newproxy", "dofile", "loadfile"}) do
+  G[name] = nil
+end
 return function(f)
   return xpcall(f, handler)
-end
+end, env
 "##;
 
 /// Commands a script may not call (Redis: `This Redis command is not allowed from script`).
@@ -94,6 +119,8 @@ pub(super) struct Scripts {
     lua: Lua,
     /// Calls a compiled script under the error handler: `(ok, reply or error table)`.
     runner: Function,
+    /// The scripts' globals (see the shim).
+    env: Table,
     compiled: HashMap<String, Function>,
 }
 
@@ -119,18 +146,16 @@ impl Scripts {
             LuaOptions::new(),
         )?;
         let raw = lua.create_function(|lua, args: MultiValue| raw_call(lua, args))?;
-        let where_ = lua.create_function(|lua, ()| Ok(user_frame(lua)))?;
-        let runner: Function = lua
+        let where_ = lua.create_function(|lua, ()| Ok(user_frame(lua).unwrap_or((None, None))))?;
+        let (runner, env): (Function, Table) = lua
             .load(SHIM)
             .set_name(SHIM_NAME)
             .set_mode(mlua::chunk::ChunkMode::Text)
             .call((raw, where_))?;
-        for name in ["loadfile", "dofile"] {
-            lua.globals().raw_set(name, mlua::Value::Nil)?;
-        }
         Ok(Scripts {
             lua,
             runner,
+            env,
             compiled: HashMap::new(),
         })
     }
@@ -157,8 +182,9 @@ impl Scripts {
             }
             let function = self
                 .lua
-                .load(source)
-                .set_name("@user_script")
+                .load(tail::guard(source))
+                .set_name(SCRIPT_NAME)
+                .set_environment(self.env.clone())
                 .set_mode(mlua::chunk::ChunkMode::Text)
                 .into_function()
                 .map_err(|e| {
@@ -260,11 +286,12 @@ fn lua_number(n: f64) -> String {
 }
 
 /// The innermost frame of a script (neither C nor the shim): its source and current line.
-fn user_frame(lua: &Lua) -> (Option<String>, Option<i64>) {
+fn user_frame(lua: &Lua) -> Option<(Option<String>, Option<i64>)> {
     for level in 0..64 {
         let frame = lua.inspect_stack(level, |debug| {
             let source = debug.source();
-            let ours = source.what == "C" || source.source.as_deref() == Some(SHIM_NAME);
+            let ours =
+                matches!(source.what, "C" | "tail") || source.source.as_deref() == Some(SHIM_NAME);
             (!ours).then(|| {
                 let line = debug.current_line().and_then(|l| i64::try_from(l).ok());
                 (source.source.map(|s| s.into_owned()), line)
@@ -273,10 +300,10 @@ fn user_frame(lua: &Lua) -> (Option<String>, Option<i64>) {
         match frame {
             None => break,
             Some(None) => continue,
-            Some(Some(found)) => return found,
+            Some(Some(found)) => return Some(found),
         }
     }
-    (None, None)
+    None
 }
 
 /// `redis.call`'s and `redis.pcall`'s work: runs the command and returns its reply converted

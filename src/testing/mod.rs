@@ -8,9 +8,17 @@
 mod keyspace;
 mod lua;
 mod reply;
+mod scan;
 pub(crate) mod server;
+mod tail;
 mod zset;
 
+#[cfg(test)]
+mod differential;
+#[cfg(test)]
+mod differential_gen;
+#[cfg(test)]
+mod script_tests;
 #[cfg(test)]
 mod tests;
 

@@ -109,6 +109,19 @@ impl SimServer {
         }
     }
 
+    /// Runs `cmd` (a redis-rs command, as a link would send it) as [`SimServer::command`].
+    pub(crate) fn run_cmd(&mut self, cmd: &redis::Cmd) -> Value {
+        let args: Vec<Vec<u8>> = cmd
+            .args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => bytes.to_vec(),
+                // A cursor argument (the only other kind): this server's scans end at once.
+                _ => b"0".to_vec(),
+            })
+            .collect();
+        self.command(&args)
+    }
+
     /// `EVAL script numkeys key... arg...` (`source`), or `EVALSHA sha1 numkeys ...`.
     fn eval(&mut self, script: &[u8], rest: &[Vec<u8>], source: bool) -> Value {
         let Some(numkeys) = parse_int(&rest[0]) else {

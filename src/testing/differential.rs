@@ -1,0 +1,264 @@
+//! The simulated server against a real `redis-server` (skipped, with a notice, when none is on
+//! `PATH`): seeded random sequences of the command forms redfence uses, of ad hoc scripts
+//! (conversions, errors) and of redfence's scripts (`batch.lua` with random mixes of every
+//! kind of operation, the advisory and fencing scripts), sent to both; after each step the
+//! replies and every key's state (`TYPE`, `GET`, `ZRANGE 0 -1 WITHSCORES`, `PTTL`) must match.
+//!
+//! Time: the simulated clock follows the wall clock, every TTL outlives a case, and values
+//! made from the server's time (13 digits and more: scores, markers) are masked; `PTTL` and
+//! the scripts that report time left match within 100 ms.
+
+use std::io::{BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use redis::Value;
+
+use super::SimServer;
+use super::differential_gen::{Compare, Gen, SCRIPTS, universe};
+
+/// A real `redis-server` on a free port of 127.0.0.1, stopped when dropped.
+struct Real {
+    child: Child,
+    writer: TcpStream,
+    reader: BufReader<TcpStream>,
+    parser: redis::Parser,
+}
+
+impl Real {
+    /// Starts one, or `None` when `redis-server` cannot be run.
+    fn start() -> Option<Real> {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let mut child = Some(child);
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(10) {
+            if let Ok(stream) = TcpStream::connect(("127.0.0.1", port)) {
+                let reader = BufReader::new(stream.try_clone().ok()?);
+                return Some(Real {
+                    child: child.take()?,
+                    writer: stream,
+                    reader,
+                    parser: redis::Parser::new(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if let Some(mut child) = child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        None
+    }
+
+    /// Sends `commands` in one pipeline and reads their replies.
+    fn send(&mut self, commands: &[Vec<Vec<u8>>]) -> Vec<Value> {
+        let mut out = Vec::new();
+        for args in commands {
+            out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+            for arg in args {
+                out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+                out.extend_from_slice(arg);
+                out.extend_from_slice(b"\r\n");
+            }
+        }
+        self.writer.write_all(&out).expect("write to redis-server");
+        (0..commands.len())
+            .map(|_| {
+                self.parser
+                    .parse_value(&mut self.reader)
+                    .expect("a reply from redis-server")
+            })
+            .collect()
+    }
+}
+
+impl Drop for Real {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The wall clock in ms (the real server's clock).
+fn wall_ms() -> u64 {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `value` with what the server's time makes masked: runs of 12 digits and more in strings
+/// (not after a `.`: the digits of a fraction are compared), integers of 12 digits and more.
+fn masked(value: &Value) -> Value {
+    match value {
+        Value::BulkString(bytes) => {
+            let mut out = Vec::with_capacity(bytes.len());
+            let mut run = Vec::new();
+            let mut fraction = false;
+            for &b in bytes.iter().chain([0u8].iter()) {
+                if b.is_ascii_digit() {
+                    run.push(b);
+                    continue;
+                }
+                if run.len() >= 12 && !fraction {
+                    out.extend_from_slice(b"<T>");
+                } else {
+                    out.append(&mut run);
+                }
+                run.clear();
+                fraction = b == b'.';
+                out.push(b);
+            }
+            out.pop();
+            Value::BulkString(out)
+        }
+        Value::Int(n) if n.unsigned_abs() >= 100_000_000_000 => Value::Int(0),
+        Value::Array(items) => Value::Array(items.iter().map(masked).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Whether `sim` and `real` agree as `compare` asks (both masked first).
+fn agree(sim: &Value, real: &Value, compare: Compare) -> bool {
+    match (compare, masked(sim), masked(real)) {
+        (Compare::Exact, a, b) => a == b,
+        (Compare::Near, a, b) => near(&a, &b),
+        (Compare::Scan, a, b) => sorted_scan(a) == sorted_scan(b),
+    }
+}
+
+/// A `SCAN` reply with its keys sorted.
+fn sorted_scan(reply: Value) -> Value {
+    match reply {
+        Value::Array(mut parts) => {
+            if let Some(Value::Array(keys)) = parts.get_mut(1) {
+                keys.sort_by(|x, y| format!("{x:?}").cmp(&format!("{y:?}")));
+            }
+            Value::Array(parts)
+        }
+        other => other,
+    }
+}
+
+/// Equal, but integers within 100 of each other.
+fn near(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Int(x), Value::Int(y)) => x.abs_diff(*y) <= 100,
+        (Value::Array(xs), Value::Array(ys)) => {
+            xs.len() == ys.len() && xs.iter().zip(ys).all(|(x, y)| near(x, y))
+        }
+        _ => a == b,
+    }
+}
+
+/// The state of every key of the universe: for each, `TYPE`, `GET`, `ZRANGE 0 -1 WITHSCORES`
+/// (errors included: they tell the type) and `PTTL` (compared within 100 ms).
+fn state_commands() -> Vec<(Vec<Vec<u8>>, Compare)> {
+    let mut out = Vec::new();
+    for key in universe() {
+        let k = key.as_bytes().to_vec();
+        for (words, compare) in [
+            (&["TYPE"][..], Compare::Exact),
+            (&["GET"], Compare::Exact),
+            (&["ZRANGE", "0", "-1", "WITHSCORES"], Compare::Exact),
+            (&["PTTL"], Compare::Near),
+        ] {
+            let mut args = vec![words[0].as_bytes().to_vec(), k.clone()];
+            args.extend(words[1..].iter().map(|w| w.as_bytes().to_vec()));
+            out.push((args, compare));
+        }
+    }
+    out
+}
+
+/// Shows a command for a failure message.
+fn show(args: &[Vec<u8>]) -> String {
+    args.iter()
+        .map(|a| format!("{:?}", String::from_utf8_lossy(a)))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn the_simulated_server_answers_as_redis_server() {
+    let Some(mut real) = Real::start() else {
+        eprintln!("differential test skipped: no redis-server on PATH");
+        return;
+    };
+    let started = Instant::now();
+    let mut sim = SimServer::new(wall_ms());
+    let state = state_commands();
+    let state_args: Vec<Vec<Vec<u8>>> = state.iter().map(|(args, _)| args.clone()).collect();
+    sim.set_time(wall_ms());
+    for args in Gen::sweep() {
+        let real_reply = real.send(std::slice::from_ref(&args)).remove(0);
+        let sim_reply = sim.command(&args);
+        assert!(
+            agree(&sim_reply, &real_reply, Compare::Exact),
+            "sweep: {}\n  simulated: {sim_reply:?}\n  redis:     {real_reply:?}",
+            show(&args),
+        );
+    }
+    let (mut steps, mut cases) = (0, 0);
+    for case in 0..400_u64 {
+        if started.elapsed() > Duration::from_secs(4) && case >= 50 {
+            break;
+        }
+        cases += 1;
+        let mut generator = Gen::new(case);
+        let mut history: Vec<String> = Vec::new();
+        let mut setup = vec![vec![b"FLUSHALL".to_vec()]];
+        setup.extend(
+            SCRIPTS
+                .iter()
+                .map(|(_, source)| vec![b"SCRIPT".to_vec(), b"LOAD".to_vec(), source.to_vec()]),
+        );
+        sim.set_time(wall_ms());
+        for (args, real_reply) in setup.iter().zip(real.send(&setup)) {
+            assert_eq!(sim.command(args), real_reply, "setup {}", show(args));
+        }
+        for step in 0..generator.steps() {
+            steps += 1;
+            let (args, compare) = generator.step();
+            history.push(show(&args));
+            // The step and the state check after it, in one round trip.
+            let mut pipeline = vec![args.clone()];
+            pipeline.extend(state_args.iter().cloned());
+            let mut real_replies = real.send(&pipeline).into_iter();
+            let real_reply = real_replies.next().expect("a reply per command");
+            sim.set_time(wall_ms());
+            let sim_reply = sim.command(&args);
+            assert!(
+                agree(&sim_reply, &real_reply, compare),
+                "case {case} step {step}: {}\n  simulated: {sim_reply:?}\n  redis:     {real_reply:?}\n  history:\n    {}",
+                show(&args),
+                history.join("\n    "),
+            );
+            for ((args, compare), real_reply) in state.iter().zip(real_replies) {
+                let sim_reply = sim.command(args);
+                assert!(
+                    agree(&sim_reply, &real_reply, *compare),
+                    "case {case} after step {step}: {}\n  simulated: {sim_reply:?}\n  redis:     {real_reply:?}\n  history:\n    {}",
+                    show(args),
+                    history.join("\n    "),
+                );
+            }
+        }
+    }
+    eprintln!(
+        "differential: {cases} cases, {steps} steps in {:?}",
+        started.elapsed()
+    );
+}
