@@ -45,10 +45,10 @@ pub enum ConfigError {
         /// The address they share.
         addr: String,
     },
-    /// Fair mode was asked for over a voter that cannot run the fair queue (a Redis Cluster
-    /// or a Sentinel-managed master).
+    /// Fair mode was asked for over a voter that cannot run the fair queue (a Redis Cluster:
+    /// a key's queue lies in another hash slot).
     #[error(
-        "node #{index} ({addr}) cannot run the fair queue: fair mode needs single-server nodes (not Redis Cluster or Sentinel voters)"
+        "node #{index} ({addr}) cannot run the fair queue: fair mode needs single-server nodes (not Redis Cluster voters)"
     )]
     FairQueueUnsupported {
         /// The node's position in the order given.
