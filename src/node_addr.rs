@@ -291,7 +291,7 @@ fn cluster_node(
         infos.push(client.get_connection_info().clone());
     }
     let node =
-        crate::node::ClusterNode::new(infos, addr.clone(), config.node_timeout).map_err(|err| {
+        crate::node::cluster_node(infos, addr.clone(), config.node_timeout).map_err(|err| {
             ConfigError::BadNodeUrl {
                 index,
                 url: addr,
@@ -327,7 +327,7 @@ fn server_voter(
     );
     Voter {
         pubsub: Some(node.pubsub()),
-        node: Arc::new(node),
+        node: Arc::new(node.into_node()),
         kind,
         identities,
     }

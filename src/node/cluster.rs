@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::{BoxFuture, join_all};
+use futures::future::join_all;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
@@ -18,20 +18,13 @@ use tokio::time::{Instant, Sleep};
 
 use super::batch::{Link, PATIENCE, Replies, Run, Touch, check_count, write_eval, write_script};
 use super::connection::Holder;
-use super::queue::Queue;
-use super::{Advice, Advisory, Node, NodeCall, Request, advisory};
+use super::queue::{Queue, QueuedNode};
+use super::{Advice, Advisory, advisory};
 use crate::error::NodeFailure;
 
-/// One Redis Cluster, reached through its seed nodes, voting once. The connection is made on
-/// first use and shared by the queue and the advisory calls; redis-rs refreshes the slot map
-/// after `MOVED`, reconnects to members after I/O errors, and finds the new master after a
-/// failover it hears of. A slot whose master leaves calls unanswered for [`PATIENCE`] has the
-/// connection made again (the slot map asked for), in the background.
-pub(crate) struct ClusterNode {
-    addr: String,
-    queue: Queue,
-}
-
+/// A Cluster voter's connection: made on first use and shared by its link's lock and advisory
+/// calls; redis-rs refreshes the slot map after `MOVED`, reconnects to members after I/O
+/// errors, and finds the new master after a failover it hears of.
 struct Shared {
     client: ClusterClient,
     conn: Holder<ClusterConnection>,
@@ -42,32 +35,31 @@ struct Shared {
 /// member costs one in each), and the round trips in between.
 const DISCOVERY_STEPS: u32 = 3;
 
-impl ClusterNode {
-    /// A voter over the cluster that `seeds` (its members' URLs) belong to; `addr` names it
-    /// in messages; a call in flight waits `node_timeout` for a member. Nothing is connected
-    /// yet.
-    pub(crate) fn new(
-        seeds: Vec<redis::ConnectionInfo>,
-        addr: String,
-        node_timeout: Duration,
-    ) -> Result<Self, RedisError> {
-        let connect_timeout = super::redis::connect_timeout(node_timeout);
-        let client = ClusterClient::builder(seeds)
-            .connection_timeout(connect_timeout)
-            // Every call is bounded by node_timeout; a response timeout would only race it.
-            .response_timeout(Duration::from_secs(3600))
-            .build()?;
-        let shared = Arc::new(Shared {
-            client,
-            conn: Holder::new(connect_timeout * DISCOVERY_STEPS).renewals_spaced(connect_timeout),
-        });
-        let queue = Queue::new(&addr, node_timeout, move || ClusterLink {
-            shared: Arc::clone(&shared),
-            stalled: HashMap::new(),
-            generation: 0,
-        });
-        Ok(ClusterNode { addr, queue })
-    }
+/// One Redis Cluster as a voter, voting once: the cluster that `seeds` (its members' URLs)
+/// belong to; `addr` names it in messages; a call in flight waits `node_timeout` for a member.
+/// A slot whose master leaves calls unanswered for [`PATIENCE`] has the connection made again
+/// (the slot map asked for), in the background. Nothing is connected yet.
+pub(crate) fn cluster_node(
+    seeds: Vec<redis::ConnectionInfo>,
+    addr: String,
+    node_timeout: Duration,
+) -> Result<QueuedNode, RedisError> {
+    let connect_timeout = super::redis::connect_timeout(node_timeout);
+    let client = ClusterClient::builder(seeds)
+        .connection_timeout(connect_timeout)
+        // Every call is bounded by node_timeout; a response timeout would only race it.
+        .response_timeout(Duration::from_secs(3600))
+        .build()?;
+    let shared = Arc::new(Shared {
+        client,
+        conn: Holder::new(connect_timeout * DISCOVERY_STEPS).renewals_spaced(connect_timeout),
+    });
+    let queue = Queue::new(&addr, node_timeout, move || ClusterLink {
+        shared: Arc::clone(&shared),
+        stalled: HashMap::new(),
+        generation: 0,
+    });
+    Ok(QueuedNode::new(addr, queue, None))
 }
 
 impl Shared {
@@ -285,24 +277,6 @@ async fn evalsha_on(
         other => other?,
     };
     Ok(redis::from_redis_value(reply).map_err(RedisError::from)?)
-}
-
-impl Node for ClusterNode {
-    fn call(&self, req: &Request) -> NodeCall {
-        self.queue.call(req)
-    }
-
-    fn flush(&self) -> BoxFuture<'static, ()> {
-        self.queue.flush()
-    }
-
-    fn advise(&self, advisory: Advisory) -> BoxFuture<'static, Result<Advice, NodeFailure>> {
-        self.queue.advise(advisory)
-    }
-
-    fn addr(&self) -> &str {
-        &self.addr
-    }
 }
 
 /// The `maxmemory-policy` of every master of the cluster: theirs when they agree, or the

@@ -27,11 +27,15 @@ use tokio::sync::oneshot;
 
 use crate::error::NodeFailure;
 
+pub(crate) use self::advisory::{
+    Advice, Advisory, Claim, GuardedWrite, KeyRow, RwRow, claim, eviction_policy, inspect, run_id,
+    rw_inspect, write_if_held,
+};
 pub use self::connect::Tls;
 pub(crate) use self::connection::{ServerConnection, Source};
 pub(crate) use self::redis::RedisNode;
 #[cfg(feature = "cluster")]
-pub(crate) use cluster::ClusterNode;
+pub(crate) use cluster::cluster_node;
 #[cfg(feature = "sentinel")]
 pub(crate) use sentinel::Sentinels;
 
@@ -180,26 +184,6 @@ pub(crate) struct RwOp {
     pub(crate) wait_ms: u64,
 }
 
-/// A write that a node makes only while a lock key still holds our token.
-#[derive(Clone, Debug)]
-pub(crate) struct GuardedWrite {
-    pub(crate) lock_key: Arc<str>,
-    pub(crate) token: Arc<str>,
-    pub(crate) key: Arc<str>,
-    /// The value to set (never empty), or `None` to delete the key.
-    pub(crate) value: Option<Arc<str>>,
-    pub(crate) ttl_ms: u64,
-}
-
-/// A value that every client of a name must agree on, kept at `key` for `ttl_ms` (a
-/// semaphore's number of permits).
-#[derive(Clone, Debug)]
-pub(crate) struct Claim {
-    pub(crate) key: Arc<str>,
-    pub(crate) value: Arc<str>,
-    pub(crate) ttl_ms: u64,
-}
-
 /// A node call in flight ([`Node::call`]): the answer of the node's queue itself (no
 /// allocation: a lock makes one call per node per round), or a boxed future (a queue on a
 /// current-thread runtime, waited for with a watchdog; a request refused before it was
@@ -233,9 +217,10 @@ impl Future for NodeCall {
     }
 }
 
-/// A lock server: one voter. Real nodes ([`RedisNode`], a Cluster's and a Sentinel group's
-/// voters) put every call on the node's one ordered queue (`queue/`); unit tests use
-/// fakes that grant, deny, fail, are slow, or never answer.
+/// A lock server: one voter. Every real voter (a server, a Sentinel group's master, a Cluster)
+/// is a [`QueuedNode`](queue::QueuedNode): its calls on its one ordered queue, over its link;
+/// unit tests use fakes (the same queue over a fake link) that grant, deny, fail, are slow, or
+/// never answer.
 pub(crate) trait Node: Send + Sync {
     /// Runs the request's script. The reply is the script's integer: for `Acquire` and
     /// `Extend` a positive number means granted and 0 means refused; for `Release` the number
@@ -351,130 +336,6 @@ impl std::fmt::Debug for PubSub {
         f.write_str("PubSub")
     }
 }
-
-/// A call outside the lock protocol: operators' reads and forced releases, a leader's
-/// record, the production checks.
-#[derive(Clone, Debug)]
-pub(crate) enum Advisory {
-    /// See [`inspect`].
-    Inspect { keys: Arc<[String]>, delete: bool },
-    /// See [`write_if_held`].
-    WriteIfHeld(GuardedWrite),
-    /// See [`eviction_policy`].
-    EvictionPolicy,
-    /// See [`run_id`].
-    RunId,
-    /// See [`claim`].
-    Claim(Claim),
-    /// See [`rw_inspect`].
-    RwInspect { keys: Arc<[String]> },
-}
-
-/// The answer to an [`Advisory`], of the same kind.
-#[derive(Debug)]
-pub(crate) enum Advice {
-    Keys(Vec<KeyRow>),
-    Written(bool),
-    EvictionPolicy(String),
-    RunId(Option<String>),
-    Claimed(String),
-    RwKeys(RwRow),
-}
-
-/// `node`'s answer to `advisory`, taken apart by `expect` (the variant asked for).
-async fn advised<T>(
-    node: &dyn Node,
-    advisory: Advisory,
-    expect: fn(Advice) -> Result<T, Advice>,
-) -> Result<T, NodeFailure> {
-    let call = node.advise(advisory);
-    expect(call.await?).map_err(|other| {
-        NodeFailure::UnexpectedReply(format!(
-            "an advisory call answered with another kind of answer: {other:?}"
-        ))
-    })
-}
-
-/// Reads each key's type, value (if a string) and PTTL in one atomic script; with `delete`,
-/// then deletes every key that exists, whoever holds it (the operator's forced release).
-pub(crate) async fn inspect(
-    node: &dyn Node,
-    keys: Arc<[String]>,
-    delete: bool,
-) -> Result<Vec<KeyRow>, NodeFailure> {
-    advised(
-        node,
-        Advisory::Inspect { keys, delete },
-        |advice| match advice {
-            Advice::Keys(rows) => Ok(rows),
-            other => Err(other),
-        },
-    )
-    .await
-}
-
-/// Sets `write.key` to `write.value` with `write.ttl_ms` (or deletes it, when `value` is
-/// `None`) only while `write.lock_key` holds `write.token`, atomically; `true` when the lock
-/// held and the write was made. For a leader's record beside its election lock.
-pub(crate) async fn write_if_held(
-    node: &dyn Node,
-    write: GuardedWrite,
-) -> Result<bool, NodeFailure> {
-    advised(node, Advisory::WriteIfHeld(write), |advice| match advice {
-        Advice::Written(made) => Ok(made),
-        other => Err(other),
-    })
-    .await
-}
-
-/// The server's `maxmemory-policy` (`INFO memory`); a Cluster voter's, every master's.
-pub(crate) async fn eviction_policy(node: &dyn Node) -> Result<String, NodeFailure> {
-    advised(node, Advisory::EvictionPolicy, |advice| match advice {
-        Advice::EvictionPolicy(policy) => Ok(policy),
-        other => Err(other),
-    })
-    .await
-}
-
-/// The server's `run_id` (`INFO server`), which tells one server from another whatever address
-/// it is reached at; `None` for a voter that is many servers (a cluster) or a fake.
-pub(crate) async fn run_id(node: &dyn Node) -> Result<Option<String>, NodeFailure> {
-    advised(node, Advisory::RunId, |advice| match advice {
-        Advice::RunId(id) => Ok(id),
-        other => Err(other),
-    })
-    .await
-}
-
-/// Sets `claim.key` to `claim.value` for `claim.ttl_ms` if it does not exist, refreshes its
-/// TTL if it holds that value, and answers with the value stored (ours or another): one
-/// atomic script (`scripts/claim.lua`).
-pub(crate) async fn claim(node: &dyn Node, claim: Claim) -> Result<String, NodeFailure> {
-    advised(node, Advisory::Claim(claim), |advice| match advice {
-        Advice::Claimed(value) => Ok(value),
-        other => Err(other),
-    })
-    .await
-}
-
-/// Reads a read-write lock's keys (writer, readers, waiting mark) in one atomic script
-/// (`scripts/rwlock_inspect.lua`), writing nothing.
-pub(crate) async fn rw_inspect(node: &dyn Node, keys: Arc<[String]>) -> Result<RwRow, NodeFailure> {
-    advised(node, Advisory::RwInspect { keys }, |advice| match advice {
-        Advice::RwKeys(row) => Ok(row),
-        other => Err(other),
-    })
-    .await
-}
-
-/// A read-write lock as a node holds it: the writer's token (if any) and its `PTTL`, the
-/// live readers' tokens with the milliseconds each has left, the waiting writer's id (if any)
-/// and its `PTTL`.
-pub(crate) type RwRow = (Option<String>, i64, Vec<(String, i64)>, Option<String>, i64);
-
-/// One key as a node holds it: its `TYPE` (`none` when absent), its value when it is a
-/// string, and its `PTTL` in milliseconds (-2: no key, -1: no expiry).
-pub(crate) type KeyRow = (String, Option<Vec<u8>>, i64);
 
 /// The nodes of a lock manager, in the order the builder was given them.
 pub(crate) type Nodes = [Arc<dyn Node>];

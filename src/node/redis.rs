@@ -4,29 +4,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use tokio_util::task::TaskTracker;
 
 use super::connection::{Patient, ServerConnection, Source};
 use super::identity::{Identity, QuarantineRule};
-use super::queue::Queue;
+use super::queue::{Queue, QueuedNode};
 use super::server_link::ServerLink;
-use super::{Advice, Advisory, Node, NodeCall, Request};
-use crate::error::NodeFailure;
-use crate::memory::{MemoryBook, Standing};
+use crate::memory::MemoryBook;
 
 /// A Redis master. Every lock's lock calls go through the node's one [`Queue`], which sends
 /// them batched over redis-rs's multiplexed connection (whatever the address: TCP, TLS, a Unix
 /// socket, the master a Sentinel group names); the advisory calls (`inspect`, guarded writes,
 /// `INFO memory`) use the same connection. It is made on first use, inside the caller's
 /// runtime, and remade after failures.
-#[derive(Clone)]
 pub(crate) struct RedisNode {
-    addr: String,
+    /// The voter: its queue, its address, its identity (run id, quarantine).
+    node: QueuedNode,
     shared: Arc<ServerConnection>,
-    /// The server's run id and quarantine, read by its link.
-    identity: Arc<Identity>,
-    queue: Queue,
 }
 
 impl RedisNode {
@@ -67,11 +61,14 @@ impl RedisNode {
             Patient::new(link, Arc::clone(&connection))
         });
         RedisNode {
-            addr,
+            node: QueuedNode::new(addr, queue, Some(identity)),
             shared,
-            identity,
-            queue,
         }
+    }
+
+    /// The voter, as the quorum logic sees it.
+    pub(crate) fn into_node(self) -> QueuedNode {
+        self.node
     }
 
     /// A client for a dedicated pub/sub connection to this server, asked for at each connect
@@ -135,26 +132,4 @@ fn nudge_on_news(
 /// timeout, because connecting is not on any lock's critical path.
 pub(super) fn connect_timeout(node_timeout: Duration) -> Duration {
     node_timeout.max(Duration::from_secs(1))
-}
-
-impl Node for RedisNode {
-    fn call(&self, req: &Request) -> NodeCall {
-        self.queue.call(req)
-    }
-
-    fn flush(&self) -> BoxFuture<'static, ()> {
-        self.queue.flush()
-    }
-
-    fn advise(&self, advisory: Advisory) -> BoxFuture<'static, Result<Advice, NodeFailure>> {
-        self.queue.advise(advisory)
-    }
-
-    fn addr(&self) -> &str {
-        &self.addr
-    }
-
-    fn standing(&self) -> Standing {
-        self.identity.standing()
-    }
 }

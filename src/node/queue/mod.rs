@@ -42,9 +42,11 @@ use tracing::Instrument;
 
 use self::serve::serve;
 use super::batch::{Job, Link};
-use super::{Advice, Advisory, NodeCall, Op, Request, stopped};
+use super::identity::Identity;
+use super::{Advice, Advisory, Node, NodeCall, Op, Request, stopped};
 use crate::clock;
 use crate::error::NodeFailure;
+use crate::memory::Standing;
 
 /// Starts a node's serving task on a runtime (see [`Queue`]).
 type Starter = dyn Fn(&tokio::runtime::Handle) -> StartedQueue + Send + Sync;
@@ -65,7 +67,7 @@ pub(crate) struct Queue {
 impl Queue {
     /// A queue (not started yet) whose serving task sends over a link made by `link`; calls
     /// in flight are bounded by `node_timeout`, log lines carry `addr`.
-    pub(crate) fn new<L: Link>(
+    pub(in crate::node) fn new<L: Link>(
         addr: &str,
         node_timeout: Duration,
         link: impl Fn() -> L + Send + Sync + 'static,
@@ -129,7 +131,7 @@ impl Queue {
     }
 
     /// Queues `req` ([`Node::call`]).
-    pub(crate) fn call(&self, req: &Request) -> NodeCall {
+    pub(in crate::node) fn call(&self, req: &Request) -> NodeCall {
         let queued = self.with_started(|started| match started.submit(req.clone()) {
             // A release or leave is never refused for a full queue: it waits for room.
             Err(NodeFailure::Overloaded { .. }) if matches!(req.op, Op::Release | Op::Leave) => {
@@ -171,7 +173,7 @@ impl Queue {
     }
 
     /// Resolves once every request queued before it has run ([`Node::flush`]).
-    pub(crate) fn flush(&self) -> BoxFuture<'static, ()> {
+    pub(in crate::node) fn flush(&self) -> BoxFuture<'static, ()> {
         let started = self.current();
         Box::pin(async move {
             if let Some(started) = started {
@@ -183,6 +185,49 @@ impl Queue {
 
 /// The most requests waiting for one node.
 pub(crate) const QUEUE_CAPACITY: usize = 65_536;
+
+/// A voter as the quorum logic sees it ([`Node`]): its queue, its address, and what says
+/// whether its votes count now (a server's identity; a Cluster's always count).
+pub(crate) struct QueuedNode {
+    addr: String,
+    queue: Queue,
+    identity: Option<Arc<Identity>>,
+}
+
+impl QueuedNode {
+    /// The voter at `addr` whose calls go on `queue`, its standing read from `identity`.
+    pub(crate) fn new(addr: String, queue: Queue, identity: Option<Arc<Identity>>) -> Self {
+        QueuedNode {
+            addr,
+            queue,
+            identity,
+        }
+    }
+}
+
+impl Node for QueuedNode {
+    fn call(&self, req: &Request) -> NodeCall {
+        self.queue.call(req)
+    }
+
+    fn flush(&self) -> BoxFuture<'static, ()> {
+        self.queue.flush()
+    }
+
+    fn advise(&self, advisory: Advisory) -> BoxFuture<'static, Result<Advice, NodeFailure>> {
+        self.queue.advise(advisory)
+    }
+
+    fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    fn standing(&self) -> Standing {
+        self.identity
+            .as_ref()
+            .map_or(Standing::Counts, |identity| identity.standing())
+    }
+}
 
 /// The sending side of one node's queue. The serving task ends when the last `StartedQueue`
 /// (the node) is dropped.
