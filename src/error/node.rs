@@ -181,6 +181,16 @@ impl Class {
 }
 
 impl NodeFailure {
+    /// The redis-rs error behind this failure, if it is one.
+    pub(crate) fn redis(&self) -> Option<&redis::RedisError> {
+        match self {
+            NodeFailure::Connection(err)
+            | NodeFailure::Reply(err)
+            | NodeFailure::Permission(err) => Some(err),
+            _ => None,
+        }
+    }
+
     /// What this failure means (see [`Class`]).
     pub(crate) fn class(&self) -> Class {
         match self {

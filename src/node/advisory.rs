@@ -5,8 +5,8 @@
 
 use std::sync::LazyLock;
 
+use redis::Script;
 use redis::aio::ConnectionLike;
-use redis::{RedisError, Script};
 
 use std::sync::Arc;
 
@@ -181,7 +181,7 @@ async fn read_keys<C: ConnectionLike + Send>(
 }
 
 /// The server's `maxmemory-policy`, as [`eviction_policy`].
-async fn read_policy<C: ConnectionLike + Send>(conn: &mut C) -> Result<String, redis::RedisError> {
+async fn read_policy<C: ConnectionLike + Send>(conn: &mut C) -> Result<String, NodeFailure> {
     policy_of(eviction_policy_cmd().query_async(conn).await?)
 }
 
@@ -194,15 +194,12 @@ pub(crate) fn eviction_policy_cmd() -> redis::Cmd {
 }
 
 /// The policy in a reply to [`eviction_policy_cmd`].
-pub(crate) fn policy_of(info: String) -> Result<String, redis::RedisError> {
+pub(crate) fn policy_of(info: String) -> Result<String, NodeFailure> {
     info.lines()
         .find_map(|line| line.strip_prefix("maxmemory_policy:"))
         .map(|policy| policy.trim().to_owned())
         .ok_or_else(|| {
-            redis::RedisError::from((
-                redis::ErrorKind::UnexpectedReturnType,
-                "INFO memory has no maxmemory_policy field",
-            ))
+            NodeFailure::UnexpectedReply("INFO memory has no maxmemory_policy field".to_owned())
         })
 }
 
@@ -263,7 +260,7 @@ async fn read_rw<C: ConnectionLike + Send>(
 pub(crate) async fn run<C: ConnectionLike + Send>(
     conn: &mut C,
     advisory: &Advisory,
-) -> Result<Advice, RedisError> {
+) -> Result<Advice, NodeFailure> {
     Ok(match advisory {
         Advisory::Inspect { keys, delete } => Advice::Keys(read_keys(conn, keys, *delete).await?),
         Advisory::WriteIfHeld(write) => Advice::Written(guarded_write(conn, write).await?),

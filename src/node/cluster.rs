@@ -77,7 +77,7 @@ impl Shared {
 impl Shared {
     /// The shared connection, or a new one (the seeds, the slot map, every master), made in a
     /// task of its own that a call given up does not abandon.
-    async fn connection(&self) -> Result<(u64, ClusterConnection), RedisError> {
+    async fn connection(&self) -> Result<(u64, ClusterConnection), NodeFailure> {
         let client = self.client.clone();
         self.conn
             .get_or_make(move || async move { client.get_async_connection().await })
@@ -86,11 +86,13 @@ impl Shared {
 
     /// Drops the connection after a failure the cluster client does not recover from by
     /// itself (no member reachable, authentication), so that the next call starts afresh.
-    async fn forget_after(&self, err: &RedisError, generation: u64) {
-        if matches!(
-            err.kind(),
-            ErrorKind::ClusterConnectionNotFound | ErrorKind::AuthenticationFailed
-        ) {
+    async fn forget_after(&self, failure: &NodeFailure, generation: u64) {
+        if failure.redis().is_some_and(|err| {
+            matches!(
+                err.kind(),
+                ErrorKind::ClusterConnectionNotFound | ErrorKind::AuthenticationFailed
+            )
+        }) {
             self.conn.forget(generation);
         }
     }
@@ -130,7 +132,7 @@ impl Link for ClusterLink {
         if let Err(err) = &advised {
             self.shared.forget_after(err, generation).await;
         }
-        Ok(advised?)
+        advised
     }
 
     async fn send<'a>(
@@ -249,9 +251,7 @@ impl Link for ClusterLink {
 
 impl ClusterLink {
     async fn forget_after(&self, failure: &NodeFailure, generation: u64) {
-        if let NodeFailure::Reply(err) | NodeFailure::Connection(err) = failure {
-            self.shared.forget_after(err, generation).await;
-        }
+        self.shared.forget_after(failure, generation).await;
     }
 }
 
@@ -281,7 +281,7 @@ async fn evalsha_on(
 
 /// The `maxmemory-policy` of every master of the cluster: theirs when they agree, or the
 /// first that may evict lock keys, with the member's address.
-async fn masters_eviction_policy(conn: &mut ClusterConnection) -> Result<String, RedisError> {
+async fn masters_eviction_policy(conn: &mut ClusterConnection) -> Result<String, NodeFailure> {
     let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
     let reply = conn
         .route_command(advisory::eviction_policy_cmd(), routing)
@@ -291,11 +291,11 @@ async fn masters_eviction_policy(conn: &mut ClusterConnection) -> Result<String,
     };
     let mut policies = Vec::with_capacity(members.len());
     for (member, reply) in members {
-        let member: String = redis::from_redis_value(member)?;
+        let member: String = parsed(member)?;
         if let Value::ServerError(err) = reply {
-            return Err(err.into());
+            return Err(RedisError::from(err).into());
         }
-        let policy = advisory::policy_of(redis::from_redis_value(reply)?)?;
+        let policy = advisory::policy_of(parsed(reply)?)?;
         policies.push((member, policy));
     }
     let Some((_, first)) = policies.first() else {
@@ -314,6 +314,11 @@ async fn masters_eviction_policy(conn: &mut ClusterConnection) -> Result<String,
         ))
 }
 
-fn unexpected(what: &'static str) -> RedisError {
-    RedisError::from((ErrorKind::UnexpectedReturnType, what))
+/// `value` as a `T`, or an unexpected reply.
+fn parsed<T: redis::FromRedisValue>(value: Value) -> Result<T, NodeFailure> {
+    redis::from_redis_value(value).map_err(|err| NodeFailure::UnexpectedReply(err.to_string()))
+}
+
+fn unexpected(what: &'static str) -> NodeFailure {
+    NodeFailure::UnexpectedReply(format!("INFO memory from every master: {what}"))
 }

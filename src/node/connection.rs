@@ -11,6 +11,7 @@ use redis::{ErrorKind, RedisError};
 use tokio_util::task::TaskTracker;
 
 use crate::clock;
+use crate::error::{Class, NodeFailure};
 
 /// The first wait before a new connection after a connect-time failure; it doubles with each
 /// failure in a row, up to [`MAX_RECONNECT_DELAY`].
@@ -53,7 +54,7 @@ struct State<C> {
     refusals: Refusals,
     /// The last failed making: when it ended, and why. Callers that were already waiting
     /// for it get its error.
-    failed: Option<(tokio::time::Instant, RedisError)>,
+    failed: Option<(tokio::time::Instant, NodeFailure)>,
     /// Whether a [`Holder::renew`] is under way.
     renewing: bool,
     /// When the last [`Holder::renew`] ended.
@@ -147,12 +148,13 @@ impl<C: Clone + Send + 'static> Holder<C> {
     /// The connection and its generation, made by `make` (in a task of its own, bounded by
     /// the connect timeout) when there is none. Fails at once with the last connect-time
     /// refusal while its backoff lasts.
-    pub(crate) async fn get_or_make<Fut>(
+    pub(crate) async fn get_or_make<Fut, E>(
         &self,
         make: impl FnOnce() -> Fut + Send + 'static,
-    ) -> Result<(u64, C), RedisError>
+    ) -> Result<(u64, C), NodeFailure>
     where
-        Fut: Future<Output = Result<C, RedisError>> + Send,
+        Fut: Future<Output = Result<C, E>> + Send,
+        E: Into<NodeFailure>,
     {
         {
             let state = self.state();
@@ -182,24 +184,23 @@ impl<C: Clone + Send + 'static> Holder<C> {
                 state.refusals.check()?;
             }
             let made = match tokio::time::timeout(timeout, make()).await {
-                Ok(made) => made,
-                Err(_) => Err(RedisError::from((
-                    ErrorKind::Io,
-                    "no connection within the connect timeout",
-                ))),
+                Ok(made) => made.map_err(Into::into),
+                Err(_) => Err(NodeFailure::Timeout(timeout)),
             };
             let mut state = lock(&state);
             match made {
                 Ok(conn) => Ok((state.install(conn.clone()), conn)),
-                Err(err) => {
-                    state.failed = Some((tokio::time::Instant::now(), err.clone()));
-                    state.refusals.record(&err);
-                    Err(err)
+                Err(failure) => {
+                    state.failed = Some((tokio::time::Instant::now(), failure.clone()));
+                    if let Some(err) = failure.redis() {
+                        state.refusals.record(err);
+                    }
+                    Err(failure)
                 }
             }
         });
         task.await
-            .map_err(|err| RedisError::from((ErrorKind::Io, "connect task", err.to_string())))?
+            .map_err(|_| NodeFailure::NotRun("the connect task stopped (its runtime shut down)"))?
     }
 
     /// Drops the connection of `generation` if it is still the current one (a newer one
@@ -215,9 +216,9 @@ impl<C: Clone + Send + 'static> Holder<C> {
     /// when `generation` is still the current one, no renewal is under way, and the last one
     /// ended at least the renewal spacing ago: a server that stays hung costs one renewal at
     /// a time, not one per call. Does not block; outside a Tokio runtime, does nothing.
-    pub(crate) fn renew<Fut>(&self, generation: u64, make: impl FnOnce() -> Fut + Send + 'static)
+    pub(crate) fn renew<Fut, E>(&self, generation: u64, make: impl FnOnce() -> Fut + Send + 'static)
     where
-        Fut: Future<Output = Result<C, RedisError>> + Send + 'static,
+        Fut: Future<Output = Result<C, E>> + Send + 'static,
     {
         if tokio::runtime::Handle::try_current().is_err() {
             return;
@@ -298,17 +299,12 @@ impl<C> State<C> {
 /// failed, the server asks for authentication, or the connection failed on the client's side
 /// before any command (a native-tls handshake error).
 fn needs_new_connection(err: &RedisError) -> bool {
-    !err.is_io_error()
-        && (matches!(
-            err.kind(),
-            ErrorKind::AuthenticationFailed | ErrorKind::Client
-        ) || err.code().is_some_and(is_auth_refusal))
-}
-
-/// Whether a server error `code` refuses the connection's authentication (a user disabled, a
-/// password set or changed after we connected): the connection must be made anew.
-pub(super) fn is_auth_refusal(code: &str) -> bool {
-    matches!(code, "NOAUTH" | "WRONGPASS")
+    match Class::of(err) {
+        Class::LoginRefused => true,
+        // `Client`: failed on the client's side before any command (a native-tls handshake).
+        Class::Unreached => err.kind() == ErrorKind::Client,
+        _ => false,
+    }
 }
 
 /// The wait before the next connection after `failures` connect-time failures in a row.

@@ -16,6 +16,7 @@ use redis::sentinel::{SentinelClient, SentinelServerType};
 use tokio::sync::Mutex;
 
 use super::connection::{Server, Settings};
+use crate::error::NodeFailure;
 
 /// The sentinels that watch one master, and its name.
 pub(crate) struct Sentinels {
@@ -35,9 +36,9 @@ impl Sentinels {
         sentinels: Vec<redis::ConnectionInfo>,
         master: String,
         name: String,
-    ) -> Result<Self, RedisError> {
+    ) -> Result<Self, String> {
         if sentinels.is_empty() {
-            return Err(no_sentinel());
+            return Err(NO_SENTINEL.to_owned());
         }
         let clients = sentinels
             .into_iter()
@@ -50,7 +51,8 @@ impl Sentinels {
                 )?;
                 Ok(Arc::new(Mutex::new(client)))
             })
-            .collect::<Result<_, RedisError>>()?;
+            .collect::<Result<_, RedisError>>()
+            .map_err(|err| err.to_string())?;
         Ok(Sentinels { clients, name })
     }
 
@@ -69,7 +71,7 @@ impl Sentinels {
         &self,
         settings: &Settings,
         not_at: Option<Arc<str>>,
-    ) -> Result<Server, RedisError> {
+    ) -> Result<Server, NodeFailure> {
         let mut asked: FuturesUnordered<_> = self
             .clients
             .iter()
@@ -80,15 +82,14 @@ impl Sentinels {
                     let client = client.lock().await.async_get_client().await?;
                     let addr: Arc<str> = client.get_connection_info().addr().to_string().into();
                     if not_at.as_deref() == Some(&*addr) {
-                        return Err(RedisError::from((
-                            redis::ErrorKind::Io,
+                        return Err(NodeFailure::NotRun(
                             "the sentinels still name the master connected to",
-                        )));
+                        ));
                     }
                     let config = settings.config(&client);
                     let manager =
                         ConnectionManager::new_with_config(client.clone(), config).await?;
-                    Ok(Server {
+                    Ok::<_, NodeFailure>(Server {
                         client: Arc::new(client),
                         addr,
                         manager,
@@ -96,8 +97,12 @@ impl Sentinels {
                 }
             })
             .collect();
-        let unnamed = |e: &RedisError| e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel;
-        let mut failure: Option<RedisError> = None;
+        let unnamed = |failure: &NodeFailure| {
+            failure
+                .redis()
+                .is_some_and(|e| e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel)
+        };
+        let mut failure: Option<NodeFailure> = None;
         while let Some(answer) = asked.next().await {
             match answer {
                 Ok(server) => return Ok(server),
@@ -111,13 +116,9 @@ impl Sentinels {
                 Err(_) => {}
             }
         }
-        Err(failure.unwrap_or_else(no_sentinel))
+        Err(failure.unwrap_or(NodeFailure::NotRun(NO_SENTINEL)))
     }
 }
 
-fn no_sentinel() -> RedisError {
-    RedisError::from((
-        redis::ErrorKind::EmptySentinelList,
-        "a sentinel voter needs at least one sentinel",
-    ))
-}
+/// Why a Sentinel voter without sentinels cannot be: `build()` refuses it.
+const NO_SENTINEL: &str = "a sentinel voter needs at least one sentinel";

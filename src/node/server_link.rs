@@ -348,7 +348,7 @@ impl ServerLink {
 impl Link for ServerLink {
     async fn advise<'a>(&'a mut self, advisory: &'a Advisory) -> Result<Advice, NodeFailure> {
         let mut conn = self.connection.connection().await?;
-        Ok(advisory::run(&mut conn, advisory).await?)
+        advisory::run(&mut conn, advisory).await
     }
 
     async fn send<'a>(

@@ -141,7 +141,7 @@ impl ServerConnection {
 
     /// The shared connection (a cheap clone). Fails at once with the last connect-time
     /// failure while its backoff lasts.
-    pub(crate) async fn connection(&self) -> Result<Connection, RedisError> {
+    pub(crate) async fn connection(&self) -> Result<Connection, NodeFailure> {
         let make = self.maker(None);
         let (generation, server) = self.holder.get_or_make(make).await?;
         let conn = Connection {
@@ -172,7 +172,7 @@ impl ServerConnection {
     fn maker(
         &self,
         not_at: Option<Arc<str>>,
-    ) -> impl FnOnce() -> BoxFuture<'static, Result<Server, RedisError>> + Send + 'static {
+    ) -> impl FnOnce() -> BoxFuture<'static, Result<Server, NodeFailure>> + Send + 'static {
         let settings = Settings {
             identity: self.identity.clone(),
             connect_timeout: self.connect_timeout,

@@ -15,16 +15,25 @@ fn the_reconnect_delay_doubles_up_to_its_cap() {
     assert_eq!(reconnect_delay(u32::MAX), MAX_RECONNECT_DELAY);
 }
 
+/// The error a server's reply `line` (without its CRLF) makes, as redis-rs gives it.
+fn server_error(line: &str) -> RedisError {
+    match redis::parse_redis_value(format!("{line}\r\n").as_bytes()) {
+        Ok(redis::Value::ServerError(err)) => err.into(),
+        other => panic!("not an error reply: {other:?}"),
+    }
+}
+
 #[test]
 fn only_connect_time_failures_need_a_new_connection() {
-    let auth = RedisError::from((ErrorKind::AuthenticationFailed, "WRONGPASS"));
+    let auth = server_error("-WRONGPASS invalid username-password pair");
     assert!(needs_new_connection(&auth));
     let tls = RedisError::from((ErrorKind::Client, "handshake failed"));
     assert!(needs_new_connection(&tls));
     let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
     assert!(!needs_new_connection(&io));
-    let reply = RedisError::from((ErrorKind::UnexpectedReturnType, "not an integer"));
-    assert!(!needs_new_connection(&reply));
+    assert!(!needs_new_connection(&server_error(
+        "-WRONGTYPE Operation against a key holding the wrong kind of value"
+    )));
 }
 
 #[test]
@@ -35,8 +44,9 @@ fn a_sentinel_source_asks_again_after_a_demotion_or_a_lost_connection() {
     assert!(is_not_master(Some("NOREPLICAS")));
     assert!(!is_not_master(Some("BUSY")));
     assert!(!is_not_master(None));
-    let reply = RedisError::from((ErrorKind::UnexpectedReturnType, "not an integer"));
-    assert!(!asks_again(&reply));
+    assert!(!asks_again(&server_error(
+        "-WRONGTYPE Operation against a key holding the wrong kind of value"
+    )));
 }
 
 /// A `make` that counts its calls and, after `delay`, fails or returns the call's number.
@@ -51,7 +61,9 @@ fn maker(
             let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
             tokio::time::sleep(delay).await;
             if fail {
-                Err(RedisError::from((ErrorKind::Io, "refused")))
+                Err(RedisError::from(std::io::Error::from(
+                    std::io::ErrorKind::ConnectionRefused,
+                )))
             } else {
                 Ok(n)
             }
@@ -60,7 +72,7 @@ fn maker(
 }
 
 /// What a caller gets now: the held connection, or one made at once.
-async fn got(holder: &Holder<u32>, calls: &Arc<AtomicU32>) -> Result<(u64, u32), RedisError> {
+async fn got(holder: &Holder<u32>, calls: &Arc<AtomicU32>) -> Result<(u64, u32), NodeFailure> {
     holder
         .get_or_make(maker(calls, Duration::ZERO, false))
         .await
@@ -114,19 +126,14 @@ async fn a_refusal_at_connect_time_is_returned_until_its_backoff_passed() {
         let calls = Arc::clone(&calls);
         move || {
             calls.fetch_add(1, Ordering::SeqCst);
-            std::future::ready(Err(RedisError::from((
-                ErrorKind::AuthenticationFailed,
-                "WRONGPASS",
-            ))))
+            std::future::ready(Err(server_error("-WRONGPASS invalid password")))
         }
     };
     assert!(holder.get_or_make(refused()).await.is_err());
     // Within the backoff (100 ms): the same error, no new attempt.
     let again = holder.get_or_make(refused()).await;
-    assert_eq!(
-        again.expect_err("refused").kind(),
-        ErrorKind::AuthenticationFailed
-    );
+    let again = again.expect_err("refused");
+    assert_eq!(again.redis().and_then(RedisError::code), Some("WRONGPASS"));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
