@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use redis::Value;
 
 use super::reply::{self, bulk, not_integer, parse_int, syntax, wrong_type};
-use super::zset::{self, ZSet};
+use super::sorted_set::ZSet;
 
 /// What a key holds.
 #[derive(Clone, Debug)]
@@ -152,16 +152,11 @@ impl Keyspace {
         }
     }
 
-    /// Runs the data command `name` (lower case) on `args` (the name first); an error reply for
-    /// a command it does not know or the wrong number of arguments.
-    pub(super) fn run(&mut self, name: &str, args: &[Vec<u8>]) -> Value {
-        match spec(name) {
-            Some(spec) if spec.fits(args.len()) => {}
-            Some(spec) => return reply::arity(spec.name),
-            None => return reply::error("ERR the simulated server has no such command"),
-        }
-        let a = &args[1..];
-        match name {
+    /// Runs the string or generic command `name` (lower case) on `a` (its arguments, the name
+    /// left out), whose count was checked; `None` for another kind (a sorted set's, `SCAN`:
+    /// see `commands::run`).
+    pub(super) fn run(&mut self, name: &str, a: &[Vec<u8>]) -> Option<Value> {
+        Some(match name {
             "get" => match self.string(&a[0]) {
                 Ok(value) => value.map_or(Value::Nil, |v| bulk(v.clone())),
                 Err(e) => e,
@@ -200,9 +195,8 @@ impl Keyspace {
             ]),
             "publish" => Value::Int(0),
             "dbsize" => count(self.live().count()),
-            "scan" => super::scan::scan(self, a),
-            _ => zset::run(self, name, a),
-        }
+            _ => return None,
+        })
     }
 
     /// `SET key value [NX | XX] [GET] [EX s | PX ms | EXAT s | PXAT ms | KEEPTTL]`.

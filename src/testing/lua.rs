@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use mlua::{Function, Lua, LuaOptions, MultiValue, StdLib, Table};
 use redis::Value;
 
+use super::commands;
 use super::keyspace::{self, Keyspace};
 use super::reply::{self, g17};
 use super::tail;
@@ -343,7 +344,7 @@ fn raw_call(lua: &Lua, args: MultiValue) -> mlua::Result<(mlua::Value, bool)> {
                 reply::error("ERR Wrong number of args calling Redis command from script")
             }
             Some(_) => match lua.app_data_mut::<Keyspace>() {
-                Some(mut space) => space.run(&name, &argv),
+                Some(mut space) => commands::run(&mut space, &name, &argv),
                 None => reply::error("ERR the simulated server's keys are away"),
             },
         }

@@ -5,11 +5,13 @@
 // Built with feature `testing` alone (no test using it yet), the server is unused.
 #![cfg_attr(not(test), allow(dead_code, unused_imports))]
 
+mod commands;
 mod keyspace;
 mod lua;
 mod reply;
 mod scan;
 pub(crate) mod server;
+mod sorted_set;
 mod tail;
 mod zset;
 

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis::Value;
 
+use super::commands;
 use super::keyspace::{self, Keyspace};
 use super::lua::{Scripts, sha1_hex};
 use super::reply::{self, bulk, not_integer, parse_int};
@@ -101,11 +102,8 @@ impl SimServer {
                 self.keys.clear();
                 reply::ok()
             }
-            _ => match keyspace::spec(&name) {
-                Some(spec) if spec.fits(args.len()) => self.keys.run(&name, args),
-                Some(spec) => reply::arity(spec.name),
-                None => unknown(args),
-            },
+            _ if keyspace::spec(&name).is_some() => commands::run(&mut self.keys, &name, args),
+            _ => unknown(args),
         }
     }
 
