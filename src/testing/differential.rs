@@ -136,7 +136,30 @@ fn agree(sim: &Value, real: &Value, compare: Compare) -> bool {
         (Compare::Exact, a, b) => a == b,
         (Compare::Near, a, b) => near(&a, &b),
         (Compare::Scan, a, b) => sorted_scan(a) == sorted_scan(b),
+        (Compare::Pairs, a, b) => ties_sorted(a) == ties_sorted(b),
     }
+}
+
+/// A masked `ZRANGE … WITHSCORES` reply with each run of members of equal (masked) scores
+/// sorted by member.
+fn ties_sorted(reply: Value) -> Value {
+    let Value::Array(items) = reply else {
+        return reply;
+    };
+    let mut pairs: Vec<(Value, Value)> = Vec::new();
+    let mut items = items.into_iter();
+    while let (Some(member), Some(score)) = (items.next(), items.next()) {
+        pairs.push((member, score));
+    }
+    let mut out = Vec::with_capacity(pairs.len() * 2);
+    for run in pairs.chunk_by_mut(|x, y| x.1 == y.1) {
+        run.sort_by(|x, y| format!("{:?}", x.0).cmp(&format!("{:?}", y.0)));
+        for (member, score) in run.iter().cloned() {
+            out.push(member);
+            out.push(score);
+        }
+    }
+    Value::Array(out)
 }
 
 /// A `SCAN` reply with its keys sorted.
@@ -172,7 +195,7 @@ fn state_commands() -> Vec<(Vec<Vec<u8>>, Compare)> {
         for (words, compare) in [
             (&["TYPE"][..], Compare::Exact),
             (&["GET"], Compare::Exact),
-            (&["ZRANGE", "0", "-1", "WITHSCORES"], Compare::Exact),
+            (&["ZRANGE", "0", "-1", "WITHSCORES"], Compare::Pairs),
             (&["PTTL"], Compare::Near),
         ] {
             let mut args = vec![words[0].as_bytes().to_vec(), k.clone()];
@@ -181,6 +204,18 @@ fn state_commands() -> Vec<(Vec<Vec<u8>>, Compare)> {
         }
     }
     out
+}
+
+/// The milliseconds of a `TIME` reply.
+fn server_ms(time: &Value) -> Option<u64> {
+    let Value::Array(parts) = time else {
+        return None;
+    };
+    let number = |part: &Value| match part {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse::<u64>().ok(),
+        _ => None,
+    };
+    Some(number(parts.first()?)? * 1000 + number(parts.get(1)?)? / 1000)
 }
 
 /// Shows a command for a failure message.
@@ -233,12 +268,14 @@ fn the_simulated_server_answers_as_redis_server() {
             steps += 1;
             let (args, compare) = generator.step();
             history.push(show(&args));
-            // The step and the state check after it, in one round trip.
-            let mut pipeline = vec![args.clone()];
+            // The real server's time, the step and the state check after it, in one round
+            // trip: the simulated server runs the step at the real one's millisecond.
+            let mut pipeline = vec![vec![b"TIME".to_vec()], args.clone()];
             pipeline.extend(state_args.iter().cloned());
             let mut real_replies = real.send(&pipeline).into_iter();
+            let now = real_replies.next().and_then(|time| server_ms(&time));
             let real_reply = real_replies.next().expect("a reply per command");
-            sim.set_time(wall_ms());
+            sim.set_time(now.unwrap_or_else(wall_ms));
             let sim_reply = sim.command(&args);
             assert!(
                 agree(&sim_reply, &real_reply, compare),

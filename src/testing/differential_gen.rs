@@ -13,6 +13,10 @@ pub(super) enum Compare {
     Near,
     /// A `SCAN` reply: equal keys in any order.
     Scan,
+    /// A `ZRANGE … WITHSCORES` reply: equal, but members whose scores come from the server's
+    /// time (masked) in any order among themselves (one server's millisecond may tick between
+    /// two members where the other's did not).
+    Pairs,
 }
 
 /// redfence's scripts, by name.
