@@ -109,8 +109,9 @@ pub(crate) enum Class {
     Denied,
     /// Any other answer of the node's: the request's own, final.
     Final,
-    /// Never sent, on the client's side (a full queue, no runtime): final, not the node's
-    /// answer.
+    /// Never sent, the client's queue for the node being full (`Overloaded`): final, not the
+    /// node's answer. (A call not run for want of a runtime, `NotRun`, is `Final`: counted as
+    /// answered, as it always was.)
     NotSent,
 }
 
