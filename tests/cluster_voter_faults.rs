@@ -336,3 +336,89 @@ async fn cross_slot_keys_through_the_prefix_are_refused_before_traffic() {
         }
     }
 }
+
+/// An advisory call goes through the voter's queue: an inspect of a key on a member that hangs
+/// must not fail an acquire on a healthy member queued behind it (from a review of the queue's
+/// advisory calls: a timed-out call on one member failed every call behind it).
+#[tokio::test]
+async fn an_inspect_on_a_hung_member_does_not_fail_a_lock_call_on_a_healthy_one() {
+    let cluster = RedisCluster::start();
+    let redlock = Redlock::builder()
+        .node(NodeAddr::cluster(cluster.seeds()))
+        .node_timeout(Duration::from_millis(500))
+        .retry_count(0)
+        .build()
+        .expect("config");
+    support::warm_up(&redlock).await;
+    let hung = cluster.owner("hung");
+    let healthy_key = (0..1000)
+        .map(|i| format!("healthy{i}"))
+        .find(|key| cluster.owner(key) != hung)
+        .expect("a key on the other member");
+    // The other member would call the paused one failed after its cluster-node-timeout.
+    let _: () = cluster.servers.cmd(
+        1 - hung,
+        &["CONFIG", "SET", "cluster-node-timeout", "60000"],
+    );
+    cluster.servers.pause(hung);
+    // An operator's inspect of a key on the hung member, and, just behind it, an acquire of
+    // a key on the healthy member.
+    let inspect = {
+        let redlock = redlock.clone();
+        tokio::spawn(async move { redlock.inspect(&["hung"]).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let acquired = redlock
+        .acquire(&[healthy_key.as_str()], Duration::from_secs(10))
+        .await;
+    cluster.servers.resume(hung);
+    let _ = inspect.await;
+    let lock = acquired.expect(
+        "the healthy member's slot is free: its acquire must not fail because an advisory \
+         call to another member hung in front of it",
+    );
+    lock.release().await.expect("released");
+    redlock.close().await;
+}
+
+/// The same, with a lock call (an acquire) on the hung member in front: the healthy member's
+/// acquire, queued behind it, is granted once the hung call timed out.
+#[tokio::test]
+async fn a_lock_call_on_a_hung_member_does_not_fail_one_on_a_healthy_one() {
+    let cluster = RedisCluster::start();
+    let redlock = Redlock::builder()
+        .node(NodeAddr::cluster(cluster.seeds()))
+        .node_timeout(Duration::from_millis(500))
+        .retry_count(0)
+        .build()
+        .expect("config");
+    support::warm_up(&redlock).await;
+    let hung = cluster.owner("hung");
+    let healthy_key = (0..1000)
+        .map(|i| format!("healthy{i}"))
+        .find(|key| cluster.owner(key) != hung)
+        .expect("a key on the other member");
+    let _: () = cluster.servers.cmd(
+        1 - hung,
+        &["CONFIG", "SET", "cluster-node-timeout", "60000"],
+    );
+    cluster.servers.pause(hung);
+    let first = {
+        let redlock = redlock.clone();
+        tokio::spawn(async move {
+            redlock
+                .acquire(&["hung"], Duration::from_secs(10))
+                .await
+                .map(drop)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let acquired = redlock
+        .acquire(&[healthy_key.as_str()], Duration::from_secs(10))
+        .await;
+    cluster.servers.resume(hung);
+    let _ = first.await;
+    let lock = acquired.expect("the healthy member's slot is free");
+    lock.release().await.expect("released");
+    redlock.close().await;
+}

@@ -117,6 +117,13 @@ struct ClusterLink {
 }
 
 impl Link for ClusterLink {
+    /// A member that hangs says nothing of the others: the calls behind a call that timed out
+    /// on it wait for their turn (each costs at most about two node timeouts) instead of
+    /// failing with it.
+    fn hangs_whole(&self) -> bool {
+        false
+    }
+
     async fn advise<'a>(&'a mut self, advisory: &'a Advisory) -> Result<Advice, NodeFailure> {
         // A connect that failed left nothing to forget.
         let (generation, mut conn) = self.shared.connection().await?;

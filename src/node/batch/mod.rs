@@ -43,6 +43,13 @@ pub(super) trait Link: Send + 'static {
         deadline: Pin<&'a mut Sleep>,
     ) -> impl Future<Output = Result<Replies, NodeFailure>> + Send + 'a;
 
+    /// Whether a call that timed out means the whole voter is hung (one server), so that the
+    /// queue answers every call waiting behind it at once; `false` for a voter of several
+    /// servers (a Cluster), where one member that hangs says nothing of the others.
+    fn hangs_whole(&self) -> bool {
+        true
+    }
+
     /// Makes `advisory`, a call outside the lock protocol, on the same connection as the
     /// batches (after those sent before it); the queue bounds it with its deadline.
     fn advise<'a>(

@@ -399,6 +399,10 @@ impl<L> Patient<L> {
 }
 
 impl<L: Link> Link for Patient<L> {
+    fn hangs_whole(&self) -> bool {
+        self.link.hangs_whole()
+    }
+
     fn advise<'a>(
         &'a mut self,
         advisory: &'a Advisory,

@@ -15,7 +15,9 @@
 //!   one `node_timeout`. The releases and fair queue leaves among those queued behind it are
 //!   still sent, in order, when their turn comes (a release must follow an acquire that may
 //!   land yet), up to a cap, so a node that stays hung holds a bounded backlog; the acquires
-//!   and extends, never sent, are dropped.
+//!   and extends, never sent, are dropped. (On a Cluster voter a call that timed out says only
+//!   that one member hangs: the calls behind it go in the next call, each costing at most about
+//!   two `node_timeout`s, and the healthy members' are answered.)
 //! - A release or leave whose call timed out or lost its connection is sent again, alone or
 //!   with the next batch, until a call carrying it is answered or its lock's TTL has passed
 //!   (its keys are gone then anyway): a connection that resets, a node paused for longer than

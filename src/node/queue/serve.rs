@@ -61,7 +61,7 @@ pub(super) async fn serve<L: Link>(
                     _ => None,
                 };
                 let _ = reply.send(advised);
-                if let Some(failure) = timed_out {
+                if let Some(failure) = timed_out.filter(|_| link.hangs_whole()) {
                     // As behind a hung batch.
                     hung(&mut queue, &mut backlog, &failure);
                 }
@@ -121,7 +121,7 @@ pub(super) async fn serve<L: Link>(
             Err(failure) => {
                 batch.fail(&failure, &mut resend.jobs, &mut resend.flushes);
                 resend.failed();
-                if matches!(failure, NodeFailure::Timeout(_)) {
+                if matches!(failure, NodeFailure::Timeout(_)) && link.hangs_whole() {
                     // Every request queued behind a hung call has waited long enough: answer
                     // it now. (A flush among them keeps its place: it is held, if need be,
                     // when its turn comes, so that it never passes what was queued before it.)
