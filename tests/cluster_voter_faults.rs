@@ -337,11 +337,10 @@ async fn cross_slot_keys_through_the_prefix_are_refused_before_traffic() {
     }
 }
 
-/// An advisory call goes through the voter's queue: an inspect of a key on a member that hangs
-/// must not fail an acquire on a healthy member queued behind it (from a review of the queue's
-/// advisory calls: a timed-out call on one member failed every call behind it).
-#[tokio::test]
-async fn an_inspect_on_a_hung_member_does_not_fail_a_lock_call_on_a_healthy_one() {
+/// A Cluster voter (node timeout 500 ms, no retry) over a two-member cluster whose member owning
+/// `hung` is paused, with a key owned by the other member; the other member will not call the
+/// paused one failed for a minute.
+async fn one_member_paused() -> (RedisCluster, Redlock, usize, String) {
     let cluster = RedisCluster::start();
     let redlock = Redlock::builder()
         .node(NodeAddr::cluster(cluster.seeds()))
@@ -355,12 +354,20 @@ async fn an_inspect_on_a_hung_member_does_not_fail_a_lock_call_on_a_healthy_one(
         .map(|i| format!("healthy{i}"))
         .find(|key| cluster.owner(key) != hung)
         .expect("a key on the other member");
-    // The other member would call the paused one failed after its cluster-node-timeout.
     let _: () = cluster.servers.cmd(
         1 - hung,
         &["CONFIG", "SET", "cluster-node-timeout", "60000"],
     );
     cluster.servers.pause(hung);
+    (cluster, redlock, hung, healthy_key)
+}
+
+/// An advisory call goes through the voter's queue: an inspect of a key on a member that hangs
+/// must not fail an acquire on a healthy member queued behind it (from a review of the queue's
+/// advisory calls: a timed-out call on one member failed every call behind it).
+#[tokio::test]
+async fn an_inspect_on_a_hung_member_does_not_fail_a_lock_call_on_a_healthy_one() {
+    let (cluster, redlock, hung, healthy_key) = one_member_paused().await;
     // An operator's inspect of a key on the hung member, and, just behind it, an acquire of
     // a key on the healthy member.
     let inspect = {
@@ -385,24 +392,7 @@ async fn an_inspect_on_a_hung_member_does_not_fail_a_lock_call_on_a_healthy_one(
 /// acquire, queued behind it, is granted once the hung call timed out.
 #[tokio::test]
 async fn a_lock_call_on_a_hung_member_does_not_fail_one_on_a_healthy_one() {
-    let cluster = RedisCluster::start();
-    let redlock = Redlock::builder()
-        .node(NodeAddr::cluster(cluster.seeds()))
-        .node_timeout(Duration::from_millis(500))
-        .retry_count(0)
-        .build()
-        .expect("config");
-    support::warm_up(&redlock).await;
-    let hung = cluster.owner("hung");
-    let healthy_key = (0..1000)
-        .map(|i| format!("healthy{i}"))
-        .find(|key| cluster.owner(key) != hung)
-        .expect("a key on the other member");
-    let _: () = cluster.servers.cmd(
-        1 - hung,
-        &["CONFIG", "SET", "cluster-node-timeout", "60000"],
-    );
-    cluster.servers.pause(hung);
+    let (cluster, redlock, hung, healthy_key) = one_member_paused().await;
     let first = {
         let redlock = redlock.clone();
         tokio::spawn(async move {

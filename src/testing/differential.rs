@@ -16,7 +16,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use redis::Value;
 
 use super::SimServer;
-use super::differential_gen::{Compare, Gen, SCRIPTS, universe};
+use super::differential_data::{SCRIPTS, universe};
+use super::differential_gen::{Compare, Gen};
 
 /// A real `redis-server` on a free port of 127.0.0.1, stopped when dropped.
 struct Real {

@@ -18,6 +18,8 @@ mod zset;
 #[cfg(test)]
 mod differential;
 #[cfg(test)]
+mod differential_data;
+#[cfg(test)]
 mod differential_gen;
 #[cfg(test)]
 mod script_tests;
