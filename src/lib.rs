@@ -90,7 +90,10 @@ mod resource_type;
 mod retry;
 mod rwlock;
 mod semaphore;
-#[cfg(any(test, feature = "testing"))]
+mod random;
+#[cfg(feature = "testing")]
+pub mod testing;
+#[cfg(all(test, not(feature = "testing")))]
 pub(crate) mod testing;
 mod trace;
 mod using;

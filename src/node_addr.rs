@@ -38,6 +38,8 @@ impl fmt::Debug for NodeAddr {
             NodeRepr::Cluster(seeds) => t.field(&cluster_addr(seeds)),
             #[cfg(feature = "sentinel")]
             NodeRepr::Sentinel(sentinels, master) => t.field(&sentinel_addr(sentinels, master)),
+            #[cfg(any(test, feature = "testing"))]
+            NodeRepr::Sim(endpoint) => t.field(endpoint),
         };
         if let Some(tls) = &self.tls {
             t.field(tls);
@@ -57,6 +59,9 @@ enum NodeRepr {
     /// A Sentinel-managed master: the sentinels' URLs and the master's name.
     #[cfg(feature = "sentinel")]
     Sentinel(Vec<String>, String),
+    /// A simulated server (feature `testing`).
+    #[cfg(any(test, feature = "testing"))]
+    Sim(crate::testing::SimEndpoint),
 }
 
 /// How a sentinel voter is named in messages: `sentinel[master@seed, seed]`.
@@ -188,6 +193,17 @@ impl NodeAddr {
             }
             return sentinel_node(index, sentinels, master, config, tasks, memory);
         }
+        #[cfg(any(test, feature = "testing"))]
+        if let NodeRepr::Sim(endpoint) = &self.repr {
+            return Ok(server_voter(
+                Source::Sim(endpoint.clone()),
+                VoterKind::Server,
+                std::collections::BTreeSet::from([endpoint.name()]),
+                config,
+                tasks,
+                memory,
+            ));
+        }
         let client = self.client(index)?;
         let identities = address::identities(client.get_connection_info());
         Ok(server_voter(
@@ -198,6 +214,15 @@ impl NodeAddr {
             tasks,
             memory,
         ))
+    }
+
+    /// A simulated server's address (`testing::SimServers::addrs`).
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn simulated(endpoint: crate::testing::SimEndpoint) -> Self {
+        NodeAddr {
+            repr: NodeRepr::Sim(endpoint),
+            tls: None,
+        }
     }
 
     /// Connects with these TLS settings (a custom CA, a client certificate, ...). The URL must
@@ -231,6 +256,12 @@ impl NodeAddr {
                 index,
                 url: sentinel_addr(&sentinels, &master),
                 reason: "a sentinel group is not one server".into(),
+            }),
+            #[cfg(any(test, feature = "testing"))]
+            NodeRepr::Sim(endpoint) => Err(ConfigError::BadNodeUrl {
+                index,
+                url: endpoint.name(),
+                reason: "a simulated server has no redis client".into(),
             }),
             NodeRepr::Url(url) => {
                 let plain = redis::Client::open(url.as_str());

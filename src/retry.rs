@@ -82,7 +82,7 @@ impl Backoff {
     /// them.
     pub fn delays(&self) -> impl Iterator<Item = Duration> + use<> {
         let schedule = self.schedule;
-        (0..self.retries).map(move |k| schedule.delay(k, &mut rand::rng()))
+        (0..self.retries).map(move |k| crate::random::with(|rng| schedule.delay(k, rng)))
     }
 
     /// The fixed schedule with base `delay`, keeping this one's jitter if it is fixed (the
@@ -138,7 +138,7 @@ impl Backoff {
 }
 
 impl Schedule {
-    fn delay(self, retry: u32, rng: &mut impl Rng) -> Duration {
+    fn delay(self, retry: u32, rng: &mut (impl Rng + ?Sized)) -> Duration {
         match self {
             Schedule::Fixed { delay, jitter } => {
                 // In u128 nanoseconds, so that no sum or product saturates into a shorter

@@ -7,7 +7,6 @@ mod leave;
 use std::sync::Arc;
 use std::time::Instant;
 
-use rand::TryRngCore;
 
 use crate::clock;
 use crate::error::{Error, FencingError};
@@ -298,7 +297,7 @@ pub(crate) fn new_token() -> Result<Arc<str>, Error> {
 /// [`new_token`], or why the operating system's generator could not give one.
 fn os_token() -> Result<Arc<str>, rand::rand_core::OsError> {
     let mut bytes = [0u8; 16];
-    rand::rngs::OsRng.try_fill_bytes(&mut bytes)?;
+    crate::random::fill_secret(&mut bytes)?;
     let bits = u128::from_be_bytes(bytes);
     Ok(Arc::from(format!("{bits:032x}")))
 }

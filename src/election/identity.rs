@@ -5,7 +5,7 @@
 /// `/proc/sys/kernel/hostname`, else `/etc/hostname`, else `"unknown"`; the UUID makes two
 /// candidates on one host (or two runs of one process) distinct.
 pub fn default_identity() -> String {
-    format!("{}-{}", host_name(), uuid::Uuid::new_v4())
+    format!("{}-{}", host_name(), crate::random::uuid())
 }
 
 /// The host name, without any new dependency.

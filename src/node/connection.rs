@@ -320,7 +320,7 @@ mod server;
 pub(super) use server::Patient;
 pub(crate) use server::{Connection, ServerConnection, Source};
 #[cfg(feature = "sentinel")]
-pub(super) use server::{Server, Settings};
+pub(super) use server::{Manager, Server, Settings};
 
 #[cfg(test)]
 mod tests;

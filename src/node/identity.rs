@@ -362,7 +362,7 @@ impl Identity {
             for (name, _) in &peers {
                 call.arg(format!("{}{name}", self.roster_prefix));
             }
-            call.arg(uuid::Uuid::new_v4().simple().to_string())
+            call.arg(crate::random::uuid().simple().to_string())
                 .arg(asked.replace.as_deref().unwrap_or(""));
             for (_, seen) in &peers {
                 call.arg(seen);

@@ -90,9 +90,9 @@ impl Sentinels {
                     let manager =
                         ConnectionManager::new_with_config(client.clone(), config).await?;
                     Ok::<_, NodeFailure>(Server {
-                        client: Arc::new(client),
+                        client: Some(Arc::new(client)),
                         addr,
-                        manager,
+                        manager: crate::node::connection::Manager::Redis(manager),
                     })
                 }
             })

@@ -116,7 +116,7 @@ impl Attempt for Round<'_> {
 
     async fn attempt(&mut self, tries: &mut Tries) -> Result<Permit, Refused> {
         let semaphore = self.semaphore;
-        let first = rand::rng().random_range(0..semaphore.permits);
+        let first = crate::random::with(|rng| rng.random_range(0..semaphore.permits));
         for offset in 0..semaphore.permits {
             if let Some(deadline) = self.deadline
                 && clock::now() >= deadline

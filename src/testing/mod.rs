@@ -1,13 +1,44 @@
-//! Simulated servers for the unit tests (crate-private for now, feature `testing`): a Redis
-//! 7.0 server ([`SimServer`]) that keeps its keys on a clock the caller drives and runs
-//! redfence's real Lua scripts (`src/scripts/`, `src/fence/`) in an embedded Lua 5.1, so that
-//! fakes run the scripts a server runs instead of a second implementation of them.
+//! Simulated Redis servers to test locking code without servers (feature `testing`).
+//!
+//! [`SimServers`] is a set of in-process Redis 7 servers that run redfence's real Lua scripts
+//! in an embedded Lua 5.1, on Tokio's clock. A `Redlock` built over [`SimServers::addrs`] is
+//! the real client (its queues, batching, resends, restart quarantine, lease keeper); the test
+//! steers the servers: [`pause`](SimServers::pause) one, [`restart`](SimServers::restart) it,
+//! [`expire`](SimServers::expire) a lock, make its next reply a [`SimFault`], shift its clock.
+//! Under a paused Tokio clock (`#[tokio::test(start_paused = true)]`) and [`seed_thread`], a
+//! run is decided by its seeds alone.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), redfence::Error> {
+//! use std::time::Duration;
+//! use redfence::{Error, Redlock};
+//! use redfence::testing::SimServers;
+//!
+//! let servers = SimServers::new(3);
+//! let redlock = Redlock::builder().nodes(servers.addrs()).build()?;
+//! let work = redlock.using(&["report"], Duration::from_secs(1), |signal| {
+//!     let servers = servers.clone();
+//!     async move {
+//!         // The lock is lost under the work: every server forgets it, as after a flush.
+//!         servers.expire("report");
+//!         // The next extension finds it gone, and the signal says so before the TTL ends.
+//!         Err::<(), Error>(signal.aborted().await)
+//!     }
+//! });
+//! assert!(matches!(work.await, Err(Error::LockLost { .. })));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Inside the crate, the unit tests' fakes run on the same [`SimServer`].
 // Built with feature `testing` alone (no test using it yet), the server is unused.
 #![cfg_attr(not(test), allow(dead_code, unused_imports))]
 
 mod commands;
 mod keyspace;
 mod lua;
+mod network;
 mod reply;
 mod scan;
 pub(crate) mod server;
@@ -26,4 +57,13 @@ mod script_tests;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use network::{SimEndpoint, Wire};
+pub use network::{SimFault, SimServers};
+
+/// From now on, every random choice redfence makes on this thread (lock tokens, retry jitter,
+/// a semaphore's first slot, identities) comes from `seed`: on a current-thread runtime with a
+/// paused clock, a run is then replayed exactly. `None` goes back to the system's generators.
+pub fn seed_thread(seed: Option<u64>) {
+    crate::random::seed_thread(seed);
+}
 pub(crate) use server::SimServer;

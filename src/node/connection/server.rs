@@ -28,6 +28,10 @@ pub(crate) enum Source {
     /// longer the master, or once calls have gone unanswered for [`PATIENCE`].
     #[cfg(feature = "sentinel")]
     Sentinels(Arc<crate::node::sentinel::Sentinels>),
+    /// A simulated server (feature `testing`): connections that reconnect by themselves, as
+    /// a direct source's do.
+    #[cfg(any(test, feature = "testing"))]
+    Sim(crate::testing::SimEndpoint),
 }
 
 impl Source {
@@ -41,6 +45,20 @@ impl Source {
             }
             #[cfg(feature = "sentinel")]
             Source::Sentinels(sentinels) => sentinels.name().to_owned(),
+            #[cfg(any(test, feature = "testing"))]
+            Source::Sim(endpoint) => endpoint.name(),
+        }
+    }
+
+    /// Whether its connections reconnect by themselves, to the same server (not a Sentinel
+    /// source's, which asks again where the master is).
+    fn direct(&self) -> bool {
+        match self {
+            Source::Direct(_) => true,
+            #[cfg(feature = "sentinel")]
+            Source::Sentinels(_) => false,
+            #[cfg(any(test, feature = "testing"))]
+            Source::Sim(_) => true,
         }
     }
 }
@@ -48,12 +66,54 @@ impl Source {
 /// One connection to a server, and the server it goes to.
 #[derive(Clone)]
 pub(crate) struct Server {
-    /// The client it was made from (for a dedicated pub/sub connection to the same server).
+    /// The client it was made from (for a dedicated pub/sub connection to the same server;
+    /// none for a simulated server).
     #[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
-    pub(crate) client: Arc<Client>,
+    pub(crate) client: Option<Arc<Client>>,
     /// The server's address (`host:port`).
     pub(crate) addr: Arc<str>,
-    pub(crate) manager: ConnectionManager,
+    pub(crate) manager: Manager,
+}
+
+/// The connection to a server that redis-rs or a simulation keeps.
+#[derive(Clone)]
+pub(crate) enum Manager {
+    /// redis-rs's multiplexed, auto-reconnecting connection.
+    Redis(ConnectionManager),
+    /// A connection to a simulated server (feature `testing`).
+    #[cfg(any(test, feature = "testing"))]
+    Sim(crate::testing::Wire),
+}
+
+impl ConnectionLike for Manager {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Manager::Redis(manager) => manager.req_packed_command(cmd),
+            #[cfg(any(test, feature = "testing"))]
+            Manager::Sim(wire) => wire.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Manager::Redis(manager) => manager.req_packed_commands(pipeline, offset, count),
+            #[cfg(any(test, feature = "testing"))]
+            Manager::Sim(wire) => wire.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Manager::Redis(manager) => manager.get_db(),
+            #[cfg(any(test, feature = "testing"))]
+            Manager::Sim(wire) => wire.get_db(),
+        }
+    }
 }
 
 /// A server's connection: one [`Holder`] of redis-rs's multiplexed, auto-reconnecting
@@ -122,7 +182,9 @@ impl ServerConnection {
             Source::Sentinels(_) => self
                 .holder
                 .current()
-                .map(|(_, server)| Client::clone(&server.client)),
+                .and_then(|(_, server)| server.client.as_deref().cloned()),
+            #[cfg(any(test, feature = "testing"))]
+            Source::Sim(_) => None,
         }
     }
 
@@ -136,6 +198,8 @@ impl ServerConnection {
                 || sentinels.name().to_owned(),
                 |(_, server)| server.addr.to_string(),
             ),
+            #[cfg(any(test, feature = "testing"))]
+            Source::Sim(endpoint) => endpoint.name(),
         }
     }
 
@@ -149,7 +213,7 @@ impl ServerConnection {
             state: Arc::clone(&self.holder.state),
             generation,
             identity: self.identity.clone(),
-            asks_again: !matches!(self.source, Source::Direct(_)),
+            asks_again: !self.source.direct(),
         };
         if matches!(self.source, Source::Direct(_))
             && self.driven.fetch_max(generation, Ordering::AcqRel) < generation
@@ -189,11 +253,17 @@ impl ServerConnection {
                             config,
                         )?;
                         Server {
-                            client,
+                            client: Some(client),
                             addr,
-                            manager,
+                            manager: Manager::Redis(manager),
                         }
                     }
+                    #[cfg(any(test, feature = "testing"))]
+                    Source::Sim(endpoint) => Server {
+                        client: None,
+                        addr: endpoint.name().into(),
+                        manager: Manager::Sim(endpoint.connect()),
+                    },
                     #[cfg(feature = "sentinel")]
                     Source::Sentinels(sentinels) => {
                         sentinels.first_master(&settings, not_at).await?
@@ -217,7 +287,7 @@ impl ServerConnection {
     /// same server could run a call before those still waiting in the old one). A direct
     /// source keeps its connection.
     fn renew(&self, generation: u64) {
-        if matches!(self.source, Source::Direct(_)) {
+        if self.source.direct() {
             return;
         }
         let Some((current, server)) = self.holder.current() else {
@@ -278,7 +348,7 @@ impl Settings {
 /// again.
 #[derive(Clone)]
 pub(crate) struct Connection {
-    manager: ConnectionManager,
+    manager: Manager,
     state: Arc<Mutex<State<Server>>>,
     generation: u64,
     identity: Option<Arc<Identity>>,
@@ -417,7 +487,7 @@ impl<L: Link> Link for Patient<L> {
         deadline: std::pin::Pin<&'a mut tokio::time::Sleep>,
     ) -> Result<Replies, NodeFailure> {
         let result = self.link.send(runs, timeout, deadline).await;
-        if matches!(self.connection.source, Source::Direct(_)) {
+        if self.connection.source.direct() {
             return result;
         }
         match (&result, self.connection.holder.current()) {
