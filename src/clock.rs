@@ -21,5 +21,36 @@ pub(crate) fn since(since: Instant) -> Duration {
 /// instants kept as a count since it (in an atomic) or aligned to a grid counted from it.
 pub(crate) fn origin() -> Instant {
     static ORIGIN: LazyLock<Instant> = LazyLock::new(now);
+    #[cfg(any(test, feature = "testing"))]
+    if let Some(origin) = SIMULATED.get() {
+        return origin;
+    }
     *ORIGIN
+}
+
+/// The wall clock: the time since the Unix epoch (for what must order across processes, such
+/// as a fair line's tickets). On a simulated thread, a fixed day plus the time since the run
+/// started.
+pub(crate) fn since_epoch() -> Duration {
+    #[cfg(any(test, feature = "testing"))]
+    if let Some(origin) = SIMULATED.get() {
+        return Duration::from_secs(1_700_000_000) + since(origin);
+    }
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
+#[cfg(any(test, feature = "testing"))]
+thread_local! {
+    /// A simulated thread's origin: when its run started, on its paused clock.
+    static SIMULATED: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// Makes this thread's clock a simulated run's from now (its origin now, its wall clock
+/// counted from it), or (`false`) the process's again. Each thread of a simulation runs its
+/// own paused clock, so nothing may be counted from another thread's origin.
+#[cfg(any(test, feature = "testing"))]
+pub(crate) fn simulate_thread(simulated: bool) {
+    SIMULATED.set(simulated.then(now));
 }

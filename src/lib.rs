@@ -84,13 +84,14 @@ mod memory;
 mod metrics;
 mod node;
 mod node_addr;
+mod plant;
 mod quorum;
+mod random;
 mod redlock;
 mod resource_type;
 mod retry;
 mod rwlock;
 mod semaphore;
-mod random;
 #[cfg(feature = "testing")]
 pub mod testing;
 #[cfg(all(test, not(feature = "testing")))]

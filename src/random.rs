@@ -39,7 +39,9 @@ pub(crate) fn with<R>(choose: impl FnOnce(&mut dyn RngCore) -> R) -> R {
 /// for values no other process may guess or repeat, such as lock tokens.
 pub(crate) fn fill_secret(bytes: &mut [u8]) -> Result<(), OsError> {
     #[cfg(any(test, feature = "testing"))]
-    if SEEDED.with_borrow_mut(|seeded| seeded.as_mut().map(|rng| rng.fill_bytes(bytes))).is_some()
+    if SEEDED
+        .with_borrow_mut(|seeded| seeded.as_mut().map(|rng| rng.fill_bytes(bytes)))
+        .is_some()
     {
         return Ok(());
     }

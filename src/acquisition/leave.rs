@@ -3,7 +3,7 @@
 //! lock's waiting mark or place in line.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use super::{Acquired, new_token};
 use crate::error::Error;
@@ -86,9 +86,7 @@ impl Place {
             .max(Duration::from_secs(1))
             // Within what the nodes take as an integer (Lua numbers, PEXPIRE).
             .min(LONGEST_LEASE);
-        let since_epoch = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
+        let since_epoch = crate::clock::since_epoch();
         let ticket = Arc::new(QueueTicket {
             waiter: Arc::clone(&waiter),
             ticket: u64::try_from(since_epoch.as_micros()).unwrap_or(u64::MAX),

@@ -7,7 +7,6 @@ mod leave;
 use std::sync::Arc;
 use std::time::Instant;
 
-
 use crate::clock;
 use crate::error::{Error, FencingError};
 use crate::guard::DropGuard;

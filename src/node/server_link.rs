@@ -258,11 +258,14 @@ impl ServerLink {
     async fn call(&mut self, runs: &[Run]) -> Result<Vec<Value>, NodeFailure> {
         let mut conn = self.connection.connection().await?;
         let beside = match self.identity.due() {
-            Due::Before => {
+            Due::Before if counts_votes(runs) => {
                 self.check_identity(&mut conn).await?;
                 false
             }
-            Due::Beside => true,
+            // Releases and leaves count no vote: they go at once, beside the check, so that
+            // on a server that hangs they are in line behind the lock's earlier calls (an
+            // extension there that repairs a key must not run after them).
+            Due::Before | Due::Beside => true,
             Due::No => false,
         };
         let expected = self.write(runs);
@@ -363,7 +366,7 @@ impl Link for ServerLink {
                 let mut conn = self.connection.connection().await?;
                 // Plain commands meet no NOSCRIPT after a restart: the identity is read
                 // before them whenever it is due.
-                if self.identity.due() != Due::No {
+                if self.identity.due() != Due::No && counts_votes(runs) {
                     self.check_identity(&mut conn).await?;
                 }
                 let support = self.support(&mut conn).await;
@@ -393,6 +396,13 @@ impl Link for ServerLink {
         }
         Ok(Replies::All(replies))
     }
+}
+
+/// Whether any of `runs` asks for a vote (an acquire or an extension): releases and leaves
+/// are safe on any server, whatever its identity.
+fn counts_votes(runs: &[Run]) -> bool {
+    runs.iter()
+        .any(|run| !matches!(run.req.op, Op::Release | Op::Leave))
 }
 
 /// The key and expected id of the memory marker to read in a batch of `runs` (see

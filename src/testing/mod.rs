@@ -60,10 +60,22 @@ mod tests;
 pub(crate) use network::{SimEndpoint, Wire};
 pub use network::{SimFault, SimServers};
 
-/// From now on, every random choice redfence makes on this thread (lock tokens, retry jitter,
-/// a semaphore's first slot, identities) comes from `seed`: on a current-thread runtime with a
-/// paused clock, a run is then replayed exactly. `None` goes back to the system's generators.
+/// Makes this thread a simulation's: from now on every random choice redfence makes on it
+/// (lock tokens, retry jitter, a semaphore's first slot, identities) comes from `seed`, and
+/// its clocks count from now (a fair line's tickets, the lease schedule's grid). Call it first
+/// thing inside a current-thread runtime with a paused clock: a run is then replayed exactly.
+/// `None` gives the thread back to the system's generators and clocks.
 pub fn seed_thread(seed: Option<u64>) {
     crate::random::seed_thread(seed);
+    crate::clock::simulate_thread(seed.is_some());
+}
+
+pub use crate::plant::Plant;
+
+/// Puts a historical bug back on this thread (`None`: none), for the simulation to prove
+/// that its checkers find it. Never in a real application.
+#[doc(hidden)]
+pub fn plant_thread(plant: Option<Plant>) {
+    crate::plant::plant_thread(plant);
 }
 pub(crate) use server::SimServer;

@@ -7,8 +7,9 @@
 //! Everything runs on Tokio's clock: under a paused clock (`start_paused`) a run is decided by
 //! its seed alone.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -80,12 +81,16 @@ pub(crate) struct Network {
     started: Instant,
     /// The requests run, as lines, when tracing.
     trace: Mutex<Option<Vec<String>>>,
+    /// Numbers the connections.
+    connections: AtomicU64,
 }
 
 /// One simulated server and what is on its way to it.
 struct Node {
     server: SimServer,
-    /// Requests that have not run yet, in the order they arrive.
+    /// Requests that have not run yet, in the order they were sent (each connection's in its
+    /// order; between connections, those ready together run in an order drawn from the seed,
+    /// as a server that resumes reads its sockets).
     inbox: VecDeque<Delivery>,
     /// Wakes the driver: a request arrived, the server resumed.
     wake: Arc<Notify>,
@@ -93,9 +98,8 @@ struct Node {
     paused: bool,
     /// Counts the restarts and resets: a connection of an older one is broken.
     incarnation: u64,
-    /// The latest arrival and reply so far (both keep the order of a connection).
-    last_arrival: Instant,
-    last_reply: Instant,
+    /// Each connection's latest arrival and reply so far (both keep its order).
+    lines: BTreeMap<u64, (Instant, Instant)>,
     /// The one-way latency, drawn uniformly in this range for each request and each reply.
     latency: (Duration, Duration),
     /// The server's clock: `EPOCH_MS + offset_ms + rate × elapsed`.
@@ -110,6 +114,8 @@ struct Delivery {
     arrive_at: Instant,
     commands: Vec<Vec<Vec<u8>>>,
     incarnation: u64,
+    /// The connection it was sent on.
+    line: u64,
     fault: Option<SimFault>,
     reply: oneshot::Sender<(Vec<Value>, Instant)>,
 }
@@ -137,8 +143,7 @@ impl SimServers {
                     driver: None,
                     paused: false,
                     incarnation: 0,
-                    last_arrival: now,
-                    last_reply: now,
+                    lines: BTreeMap::new(),
                     latency: (Duration::from_micros(50), Duration::from_micros(500)),
                     offset_ms: 0,
                     rate: 1.0,
@@ -152,6 +157,7 @@ impl SimServers {
                 rng: Mutex::new(StdRng::seed_from_u64(seed)),
                 started: now,
                 trace: Mutex::new(None),
+                connections: AtomicU64::new(0),
             }),
         }
     }
@@ -282,12 +288,12 @@ impl SimServers {
                 Some(Value::Array(keys)) => keys,
                 _ => Vec::new(),
             }
-                .into_iter()
-                .filter_map(|key| match key {
-                    Value::BulkString(bytes) => Some(String::from_utf8_lossy(&bytes).into_owned()),
-                    _ => None,
-                })
-                .collect(),
+            .into_iter()
+            .filter_map(|key| match key {
+                Value::BulkString(bytes) => Some(String::from_utf8_lossy(&bytes).into_owned()),
+                _ => None,
+            })
+            .collect(),
             _ => Vec::new(),
         };
         keys.sort();
@@ -302,7 +308,10 @@ impl SimServers {
     /// The requests run since the last call, one line each: the simulated time, the server,
     /// the commands and the replies.
     pub fn take_trace(&self) -> Vec<String> {
-        lock(&self.net.trace).as_mut().map(std::mem::take).unwrap_or_default()
+        lock(&self.net.trace)
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 }
 
@@ -334,12 +343,12 @@ impl Network {
         lock(&self.rng).random_range(min..=max)
     }
 
-    /// Sends `commands` to server `index` on a connection of `incarnation`: their replies,
-    /// or a lost connection.
+    /// Sends `commands` to server `index` on connection `line` of `incarnation`: their
+    /// replies, or a lost connection.
     async fn send(
         self: &Arc<Self>,
         index: usize,
-        incarnation: u64,
+        (incarnation, line): (u64, u64),
         commands: Vec<Vec<Vec<u8>>>,
     ) -> Result<Vec<Value>, RedisError> {
         let (tx, rx) = oneshot::channel();
@@ -352,12 +361,16 @@ impl Network {
                 return Err(reset());
             }
             let fault = node.faults.pop_front();
-            let arrive_at = (Instant::now() + self.draw(node.latency)).max(node.last_arrival);
-            node.last_arrival = arrive_at;
+            let now = Instant::now();
+            let latency = self.draw(node.latency);
+            let order = node.lines.entry(line).or_insert((now, now));
+            order.0 = (now + latency).max(order.0);
+            let arrive_at = order.0;
             node.inbox.push_back(Delivery {
                 arrive_at,
                 commands,
                 incarnation,
+                line,
                 fault,
                 reply: tx,
             });
@@ -381,7 +394,7 @@ impl Network {
             let (wake, next) = {
                 let node = lock(slot);
                 let next = (!node.paused)
-                    .then(|| node.inbox.front().map(|d| d.arrive_at))
+                    .then(|| node.inbox.iter().map(|d| d.arrive_at).min())
                     .flatten();
                 (Arc::clone(&node.wake), next)
             };
@@ -389,16 +402,42 @@ impl Network {
                 wake.notified().await;
                 continue;
             };
-            tokio::time::sleep_until(arrive_at).await;
+            tokio::select! {
+                () = tokio::time::sleep_until(arrive_at) => {}
+                // Something arrived sooner, or the server was paused.
+                () = wake.notified() => continue,
+            }
             let mut node = lock(slot);
             if node.paused {
                 continue;
             }
-            let Some(delivery) = node.inbox.pop_front() else {
-                continue;
-            };
-            self.run(index, &mut node, delivery);
+            if let Some(delivery) = self.next_ready(&mut node) {
+                self.run(index, &mut node, delivery);
+            }
         }
+    }
+
+    /// The next request to run on `node`: of the connections whose first request has arrived,
+    /// one drawn from the seed (the only one, unless the server was paused).
+    fn next_ready(&self, node: &mut Node) -> Option<Delivery> {
+        let now = Instant::now();
+        let mut heads: Vec<usize> = Vec::new();
+        let mut seen: Vec<u64> = Vec::new();
+        for (position, delivery) in node.inbox.iter().enumerate() {
+            if seen.contains(&delivery.line) {
+                continue;
+            }
+            seen.push(delivery.line);
+            if delivery.arrive_at <= now {
+                heads.push(position);
+            }
+        }
+        let pick = match heads.len() {
+            0 => return None,
+            1 => heads[0],
+            n => heads[lock(&self.rng).random_range(0..n)],
+        };
+        node.inbox.remove(pick)
     }
 
     /// Runs one request on `node` (server `index`) and sends its replies, at their time.
@@ -407,35 +446,54 @@ impl Network {
         let applied = match delivery.fault {
             Some(SimFault::Reset { applied }) => {
                 node.incarnation += 1;
-                applied
+                applied && !broken
             }
             _ => !broken,
         };
         let now = self.server_ms(node);
         node.server.set_time(now);
         let replies: Vec<Value> = match delivery.fault {
-            Some(SimFault::Busy) => refuse(&delivery.commands, "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSCRIPT."),
-            Some(SimFault::Loading) => refuse(&delivery.commands, "LOADING Redis is loading the dataset in memory"),
-            Some(SimFault::Oom) => refuse(&delivery.commands, "OOM command not allowed when used memory > 'maxmemory'."),
-            _ if applied => delivery
+            _ if !applied => Vec::new(),
+            Some(SimFault::Busy) => refuse(
+                &delivery.commands,
+                "BUSY Redis is busy running a script. You can only call SCRIPT KILL or \
+                 SHUTDOWN NOSCRIPT.",
+            ),
+            Some(SimFault::Loading) => refuse(
+                &delivery.commands,
+                "LOADING Redis is loading the dataset in memory",
+            ),
+            Some(SimFault::Oom) => refuse(
+                &delivery.commands,
+                "OOM command not allowed when used memory > 'maxmemory'.",
+            ),
+            _ => delivery
                 .commands
                 .iter()
                 .map(|args| node.server.command(args))
                 .collect(),
-            _ => Vec::new(),
         };
         self.record(index, &delivery, &replies, applied, broken);
-        if broken || !applied || matches!(delivery.fault, Some(SimFault::Reset { .. })) {
+        if broken || matches!(delivery.fault, Some(SimFault::Reset { .. })) {
             // The reply is lost with the connection: the caller's channel closes.
             return;
         }
-        let at = (Instant::now() + self.draw(node.latency)).max(node.last_reply);
-        node.last_reply = at;
-        let _ = delivery.reply.send((replies, at));
+        let now = Instant::now();
+        let latency = self.draw(node.latency);
+        let order = node.lines.entry(delivery.line).or_insert((now, now));
+        order.1 = (now + latency).max(order.1);
+        let _ = delivery.reply.send((replies, order.1));
     }
 
     /// Records one request in the trace, when tracing.
-    fn record(&self, index: usize, delivery: &Delivery, replies: &[Value], ran: bool, broken: bool) {
+    fn record(
+        &self,
+        index: usize,
+        delivery: &Delivery,
+        replies: &[Value],
+        ran: bool,
+        broken: bool,
+    ) {
         let mut trace = lock(&self.trace);
         let Some(lines) = trace.as_mut() else {
             return;
@@ -444,7 +502,11 @@ impl Network {
             "{:>10.3}ms s{index} ",
             self.started.elapsed().as_secs_f64() * 1000.0
         );
-        let names: Vec<String> = delivery.commands.iter().map(|args| describe(args)).collect();
+        let names: Vec<String> = delivery
+            .commands
+            .iter()
+            .map(|args| describe(args))
+            .collect();
         line.push_str(&names.join(" | "));
         match (delivery.fault, ran, broken) {
             (_, _, true) => line.push_str(" -> lost (connection broken before it arrived)"),
@@ -460,27 +522,58 @@ impl Network {
     }
 }
 
-/// A command's name and, for a script call, its key count and first key.
+/// A command, shortly: its name, and for a script call its keys and arguments (tokens cut
+/// to 8 characters).
 fn describe(args: &[Vec<u8>]) -> String {
-    let word = |i: usize| args.get(i).map(|a| String::from_utf8_lossy(a).into_owned());
-    let name = word(0).unwrap_or_default().to_ascii_uppercase();
+    let word = |arg: &Vec<u8>| {
+        let text = String::from_utf8_lossy(arg);
+        if text.len() == 32 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            text[..8].to_owned()
+        } else {
+            text.chars().take(24).collect()
+        }
+    };
+    let name = args
+        .first()
+        .map(word)
+        .unwrap_or_default()
+        .to_ascii_uppercase();
     match name.as_str() {
-        "EVALSHA" | "EVAL" => format!(
-            "{name} {} keys={} {}",
-            word(1).map(|s| s.chars().take(8).collect::<String>()).unwrap_or_default(),
-            word(2).unwrap_or_default(),
-            word(3).unwrap_or_default()
-        ),
+        "EVALSHA" | "EVAL" => {
+            let keys = args
+                .get(2)
+                .and_then(|n| String::from_utf8_lossy(n).parse::<usize>().ok())
+                .unwrap_or(0);
+            let listed = |from: usize, to: usize| {
+                args.get(from..to.min(args.len()))
+                    .unwrap_or_default()
+                    .iter()
+                    .map(word)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            let sha = args.get(1).map(word).unwrap_or_default();
+            let mut text = format!(
+                "{name} {} [{}] {}",
+                sha.get(..8).unwrap_or(&sha),
+                listed(3, 3 + keys),
+                listed(3 + keys, args.len())
+            );
+            if text.len() > 140 {
+                text = text.chars().take(140).collect::<String>() + "…";
+            }
+            text
+        }
         "INFO" | "SCRIPT" => name,
-        _ => format!("{name} {}", word(1).unwrap_or_default()),
+        _ => args.iter().take(4).map(word).collect::<Vec<_>>().join(" "),
     }
 }
 
 /// Replies, shortly.
 fn summarize(replies: &[Value]) -> String {
     let text = format!("{replies:?}");
-    if text.len() > 160 {
-        let cut: String = text.chars().take(160).collect();
+    if text.len() > 100 {
+        let cut: String = text.chars().take(100).collect();
         format!("{cut}…")
     } else {
         text
@@ -489,7 +582,10 @@ fn summarize(replies: &[Value]) -> String {
 
 /// The error reply `message` for each of `commands`.
 fn refuse(commands: &[Vec<Vec<u8>>], message: &str) -> Vec<Value> {
-    commands.iter().map(|_| super::reply::error(message)).collect()
+    commands
+        .iter()
+        .map(|_| super::reply::error(message))
+        .collect()
 }
 
 /// A connection reset by the peer.
@@ -516,16 +612,13 @@ impl SimEndpoint {
     /// A connection to the server (as redis-rs's connection manager: after a lost
     /// connection, the next call reconnects).
     pub(crate) fn connect(&self) -> Wire {
-        let incarnation = self
-            .net
-            .nodes
-            .get(self.index)
-            .map_or(0, |node| lock(node).incarnation);
-        Wire {
+        let wire = Wire {
             net: Arc::clone(&self.net),
             index: self.index,
-            incarnation: Arc::new(Mutex::new(incarnation)),
-        }
+            line: Arc::new(Mutex::new((0, 0))),
+        };
+        wire.reconnect();
+        wire
     }
 }
 
@@ -540,21 +633,29 @@ impl std::fmt::Debug for SimEndpoint {
 pub(crate) struct Wire {
     net: Arc<Network>,
     index: usize,
-    /// The server incarnation it is connected to: a reset breaks it once, then the next
-    /// call is on a new connection.
-    incarnation: Arc<Mutex<u64>>,
+    /// The server incarnation it is connected to, and the connection's number: a reset or a
+    /// restart breaks it once, then the next call is on a new connection.
+    line: Arc<Mutex<(u64, u64)>>,
 }
 
 impl Wire {
+    /// Connects again: to the server's current incarnation, as a new connection.
+    fn reconnect(&self) {
+        let incarnation = self
+            .net
+            .nodes
+            .get(self.index)
+            .map_or(0, |node| lock(node).incarnation);
+        let number = self.net.connections.fetch_add(1, Ordering::Relaxed);
+        *lock(&self.line) = (incarnation, number);
+    }
+
     /// Sends `commands`; a lost connection fails this call, and the next reconnects.
     async fn call(&self, commands: Vec<Vec<Vec<u8>>>) -> Result<Vec<Value>, RedisError> {
-        let incarnation = *lock(&self.incarnation);
-        let result = self.net.send(self.index, incarnation, commands).await;
-        if result.is_err()
-            && let Some(node) = self.net.nodes.get(self.index)
-        {
-            let current = lock(node).incarnation;
-            *lock(&self.incarnation) = current;
+        let line = *lock(&self.line);
+        let result = self.net.send(self.index, line, commands).await;
+        if result.is_err() && *lock(&self.line) == line {
+            self.reconnect();
         }
         result
     }
