@@ -9,7 +9,6 @@ pub(crate) mod connect;
 mod connection;
 #[cfg(test)]
 pub(crate) mod fake;
-pub(crate) mod identity;
 mod plain;
 mod queue;
 mod redis;

@@ -7,10 +7,10 @@ use std::time::Duration;
 use tokio_util::task::TaskTracker;
 
 use super::connection::{Patient, ServerConnection, Source};
-use super::identity::{Identity, QuarantineRule};
 use super::queue::{Queue, QueuedNode};
 use super::server_link::ServerLink;
 use crate::memory::MemoryBook;
+use crate::memory::identity::{Identity, QuarantineRule};
 
 /// A Redis master. Every lock's lock calls go through the node's one [`Queue`], which sends
 /// them batched over redis-rs's multiplexed connection (whatever the address: TCP, TLS, a Unix

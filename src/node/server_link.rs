@@ -15,10 +15,10 @@ use super::batch::{
     BATCH, Link, Replies, Run, Touch, check_count, count_mismatch, evalsha, write_call,
 };
 use super::connection::{Connection, ServerConnection};
-use super::identity::{Due, Identity};
 use super::plain::{self, PlainSupport, Plan};
 use super::{Advice, Advisory, Op, advisory};
 use crate::error::{Class, NodeFailure};
+use crate::memory::identity::{Due, Identity};
 
 /// One server's link: the batch as one `EVALSHA` over its [`ServerConnection`], or, on a
 /// server with compare-and-delete, as one pipeline of plain commands and script calls (see

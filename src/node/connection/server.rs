@@ -14,8 +14,8 @@ use tokio_util::task::TaskTracker;
 
 use super::{Holder, State, lock, needs_new_connection};
 use crate::error::NodeFailure;
+use crate::memory::identity::Identity;
 use crate::node::batch::{Link, PATIENCE, Replies, Run};
-use crate::node::identity::Identity;
 use crate::node::{Advice, Advisory};
 
 /// Where a server's connection comes from.

@@ -44,11 +44,11 @@ use tracing::Instrument;
 
 use self::serve::serve;
 use super::batch::{Job, Link};
-use super::identity::Identity;
 use super::{Advice, Advisory, Node, NodeCall, Op, Request, stopped};
 use crate::clock;
 use crate::error::NodeFailure;
 use crate::memory::Standing;
+use crate::memory::identity::Identity;
 
 /// Starts a node's serving task on a runtime (see [`Queue`]).
 type Starter = dyn Fn(&tokio::runtime::Handle) -> StartedQueue + Send + Sync;
