@@ -25,7 +25,6 @@ pub(super) static BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(BATCH_S
 /// slot map; the sentinels asked again). Within this window every call to a hung server goes
 /// on the connection that carries the calls before it, so a server that resumes runs a lock's
 /// release after its acquire; a connection made anew could run first.
-#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
 pub(crate) const PATIENCE: Duration = Duration::from_secs(5);
 
 /// What a node's queue sends its batches over: one kind per kind of voter (a server's
