@@ -364,9 +364,47 @@ impl Link for ServerLink {
         &'a mut self,
         runs: &'a [Run],
         timeout: Duration,
-        deadline: Pin<&'a mut Sleep>,
+        mut deadline: Pin<&'a mut Sleep>,
     ) -> Result<Replies, NodeFailure> {
-        let result = self.send_batch(runs, timeout, deadline).await;
+        // As plain commands where the server has them, else as the script call.
+        let result = async {
+            let mut asked = None;
+            if self.support.is_some() {
+                let ready = async {
+                    let mut conn = self.connection.connection().await?;
+                    // Plain commands meet no NOSCRIPT after a restart: the identity is read
+                    // before them whenever it is due.
+                    if self.identity.due() != Due::No {
+                        self.check_identity(&mut conn).await?;
+                    }
+                    let support = self.support(&mut conn).await;
+                    Ok::<_, NodeFailure>((conn, support))
+                };
+                let (conn, support) = tokio::select! {
+                    biased;
+                    ready = ready => ready?,
+                    () = deadline.as_mut() => return Err(NodeFailure::Timeout(timeout)),
+                };
+                if support.any_plain(runs) {
+                    return self
+                        .send_plain(conn, support, runs, deadline, timeout)
+                        .await;
+                }
+                asked = Some(conn);
+            }
+            let replies = tokio::select! {
+                biased;
+                replies = self.call(runs) => replies?,
+                () = deadline => return Err(NodeFailure::Timeout(timeout)),
+            };
+            if let Some(conn) = asked
+                && runs.iter().any(|run| run.req.op == Op::Release)
+            {
+                self.learn(&conn, |support| support.released = true);
+            }
+            Ok(Replies::All(replies))
+        }
+        .await;
         self.patience(&result);
         result
     }
@@ -393,50 +431,6 @@ impl ServerLink {
             }
             _ => self.stalled = None,
         }
-    }
-
-    /// Sends `runs`: as plain commands where the server has them, else as the script call.
-    async fn send_batch(
-        &mut self,
-        runs: &[Run],
-        timeout: Duration,
-        mut deadline: Pin<&mut Sleep>,
-    ) -> Result<Replies, NodeFailure> {
-        let mut asked = None;
-        if self.support.is_some() {
-            let ready = async {
-                let mut conn = self.connection.connection().await?;
-                // Plain commands meet no NOSCRIPT after a restart: the identity is read
-                // before them whenever it is due.
-                if self.identity.due() != Due::No {
-                    self.check_identity(&mut conn).await?;
-                }
-                let support = self.support(&mut conn).await;
-                Ok::<_, NodeFailure>((conn, support))
-            };
-            let (conn, support) = tokio::select! {
-                biased;
-                ready = ready => ready?,
-                () = deadline.as_mut() => return Err(NodeFailure::Timeout(timeout)),
-            };
-            if support.any_plain(runs) {
-                return self
-                    .send_plain(conn, support, runs, deadline, timeout)
-                    .await;
-            }
-            asked = Some(conn);
-        }
-        let replies = tokio::select! {
-            biased;
-            replies = self.call(runs) => replies?,
-            () = deadline => return Err(NodeFailure::Timeout(timeout)),
-        };
-        if let Some(conn) = asked
-            && runs.iter().any(|run| run.req.op == Op::Release)
-        {
-            self.learn(&conn, |support| support.released = true);
-        }
-        Ok(Replies::All(replies))
     }
 }
 
