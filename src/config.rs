@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::error::ConfigError;
 use crate::events::EventHook;
 use crate::fence::FencingCounter;
-use crate::node::identity::QuarantineRule;
+use crate::memory::identity::QuarantineRule;
 use crate::resource_type::ResourceType;
 use crate::retry::Backoff;
 

@@ -69,6 +69,7 @@ mod address;
 mod builder;
 mod clock;
 mod config;
+mod connection;
 mod election;
 mod error;
 mod events;
@@ -100,6 +101,7 @@ mod trace;
 mod using;
 
 pub use builder::RedlockBuilder;
+pub use connection::Tls;
 pub use election::{Election, ElectionBuilder, Leader, Leadership, default_identity};
 pub use error::{
     BoxError, ConfigError, Error, FencingError, InvalidInput, LossReason, NodeError, NodeFailure,
@@ -113,7 +115,6 @@ pub use inspect::{
     Holder, Inspection, KeyState, NodeCheck, NodeReport, ResourceView, TOKEN_PREFIX_LEN,
 };
 pub use lock::Lock;
-pub use node::Tls;
 pub use node_addr::NodeAddr;
 pub use redlock::Redlock;
 pub use resource_type::ResourceType;

@@ -7,7 +7,7 @@
 //! (`<prefix>redfence:roster:<voter>`, one key per other voter, named as clients name it) holds
 //! the marker id clients saw on that other voter, when the roster first saw it, and whether
 //! it replaced another id. `scripts/memory.lua` reads both and writes what the client knows, in
-//! the round trip of the identity check (`node/identity.rs`), never one of its own.
+//! the round trip of the identity check (`memory/identity.rs`), never one of its own.
 //!
 //! A voter that loses its keys (a restart without persistence, `FLUSHALL`/`FLUSHDB`, a failover
 //! to an empty replica) loses its marker with them: the next client makes a new one, while the
@@ -267,6 +267,7 @@ pub(crate) fn judge(
 }
 
 mod book;
+pub(crate) mod identity;
 
 pub(crate) use book::{Flags, MemoryBook};
 

@@ -8,9 +8,10 @@ use tokio_util::task::TaskTracker;
 
 use crate::address;
 use crate::config::Config;
+use crate::connection::{Source, Tls, connect};
 use crate::error::ConfigError;
 use crate::memory::MemoryBook;
-use crate::node::{RedisNode, Source, Tls, Voter, VoterKind, connect};
+use crate::node::{RedisNode, Voter, VoterKind};
 
 /// A Redis master to lock on: a URL (`redis://host:port/db`, `redis://user:password@host`,
 /// `rediss://host:port` for TLS, `redis+unix:///path/to/redis.sock`) or a [`redis::Client`],
@@ -401,7 +402,7 @@ fn sentinel_node(
         }
         infos.push(client.get_connection_info().clone());
     }
-    let source = crate::node::Sentinels::new(infos, master.to_owned(), addr.clone())
+    let source = crate::connection::Sentinels::new(infos, master.to_owned(), addr.clone())
         .map_err(|err| bad(err.to_string()))?;
     Ok(server_voter(
         Source::Sentinels(Arc::new(source)),

@@ -144,11 +144,7 @@ impl Redlock {
         let acquire = async |tries: &mut Tries, ty: &mut TypeLabel| {
             let target = shape(shared.target(resources, ttl)?);
             *ty = TypeLabel::of_lock(&shared.config.resource_type, &target.resources);
-            if retry {
-                acquisition::acquire(shared, &target, tries).await
-            } else {
-                acquisition::try_once(shared, &target, tries).await
-            }
+            acquisition::acquire(shared, &target, tries, retry).await
         };
         self.traced(resources, TypeLabel::other(), retry, acquire)
             .await

@@ -38,12 +38,29 @@ pub(crate) struct Acquired {
 /// one last attempt is made out of turn, so that the error says what the nodes answered.
 /// Between attempts the head sleeps its retry delay, or less: until a release of its keys
 /// reached a majority of nodes, or a lock of this process released them.
+///
+/// Without `retry` (`try_acquire`): one attempt, and no waiting in line; in fair mode, in
+/// turn.
 pub(crate) async fn acquire(
     shared: &Arc<Shared>,
     target: &Target,
     tries: &mut Tries,
+    retry: bool,
 ) -> Result<Acquired, Error> {
     shared.check_open()?;
+    if !retry {
+        let place = Place::take(shared, target)?;
+        let mut mutex = Mutex {
+            shared,
+            target,
+            place: &place,
+            turn: None,
+        };
+        return match mutex.attempt(tries).await {
+            Ok(acquired) => Ok(place.granted(acquired)),
+            Err(Refused::Again(error) | Refused::Final(error)) => Err(error),
+        };
+    }
     let config = &shared.config;
     let started = clock::now();
     let deadline = deadline(config, started);
@@ -130,26 +147,6 @@ impl Attempt for Mutex<'_> {
     fn watch(&self) -> Option<Watch> {
         self.turn
             .map(|turn| self.shared.hand_off.watch(turn, self.place.waiter()))
-    }
-}
-
-/// One attempt and no retry (`try_acquire`); in fair mode, in turn.
-pub(crate) async fn try_once(
-    shared: &Arc<Shared>,
-    target: &Target,
-    tries: &mut Tries,
-) -> Result<Acquired, Error> {
-    shared.check_open()?;
-    let place = Place::take(shared, target)?;
-    let mut mutex = Mutex {
-        shared,
-        target,
-        place: &place,
-        turn: None,
-    };
-    match mutex.attempt(tries).await {
-        Ok(acquired) => Ok(place.granted(acquired)),
-        Err(Refused::Again(error) | Refused::Final(error)) => Err(error),
     }
 }
 

@@ -2,6 +2,14 @@
 
 use super::*;
 
+/// Why a builder over the nodes at `urls` does not build.
+fn invalid_nodes(urls: &[&str]) -> ConfigError {
+    invalid(
+        urls.iter()
+            .fold(RedlockBuilder::new(), |b, url| b.node(*url)),
+    )
+}
+
 fn invalid(b: RedlockBuilder) -> ConfigError {
     match b.build() {
         Err(e) => e,
@@ -16,11 +24,7 @@ fn no_nodes() {
 
 #[test]
 fn bad_url_names_the_node() {
-    let e = invalid(
-        RedlockBuilder::new()
-            .node("redis://127.0.0.1:1")
-            .node("not a url"),
-    );
+    let e = invalid_nodes(&["redis://127.0.0.1:1", "not a url"]);
     assert!(
         matches!(e, ConfigError::BadNodeUrl { index: 1, .. }),
         "{e:?}"
@@ -30,12 +34,11 @@ fn bad_url_names_the_node() {
 
 #[test]
 fn duplicate_nodes() {
-    let e = invalid(
-        RedlockBuilder::new()
-            .node("redis://127.0.0.1:7001")
-            .node("redis://127.0.0.1:7002")
-            .node("redis://127.0.0.1:7001/0"),
-    );
+    let e = invalid_nodes(&[
+        "redis://127.0.0.1:7001",
+        "redis://127.0.0.1:7002",
+        "redis://127.0.0.1:7001/0",
+    ]);
     assert!(
         matches!(
             e,
@@ -48,21 +51,13 @@ fn duplicate_nodes() {
         "{e:?}"
     );
     // A different database on the same server is still the same server.
-    let e = invalid(
-        RedlockBuilder::new()
-            .node("redis://127.0.0.1:7001/0")
-            .node("redis://127.0.0.1:7001/1"),
-    );
+    let e = invalid_nodes(&["redis://127.0.0.1:7001/0", "redis://127.0.0.1:7001/1"]);
     assert!(matches!(e, ConfigError::DuplicateNode { .. }), "{e:?}");
 }
 
 #[test]
 fn one_server_under_two_names_is_a_duplicate() {
-    let e = invalid(
-        RedlockBuilder::new()
-            .node("redis://127.0.0.1:7001")
-            .node("redis://localhost:7001/3"),
-    );
+    let e = invalid_nodes(&["redis://127.0.0.1:7001", "redis://localhost:7001/3"]);
     assert!(
         matches!(
             e,
@@ -106,7 +101,7 @@ fn tls_needs_a_tls_feature() {
     if TLS {
         assert!(built.is_ok(), "{built:?}");
     } else {
-        let e = invalid(RedlockBuilder::new().node("rediss://127.0.0.1:7001"));
+        let e = invalid_nodes(&["rediss://127.0.0.1:7001"]);
         assert!(matches!(e, ConfigError::BadNodeUrl { .. }), "{e:?}");
         assert!(e.to_string().contains("`tls-rustls`"), "{e}");
     }

@@ -10,8 +10,8 @@ use redis::{Client, Script};
 use super::batch::{Batcher, IssueBatch};
 use super::redis_stripes::StripedKeys;
 use super::{FencingCounter, Stripes};
+use crate::connection::{ServerConnection, Source, Tls, connect};
 use crate::error::BoxError;
-use crate::node::{ServerConnection, Source, Tls, connect};
 
 /// For each request of a batch in turn: reads every counter key of it, takes the largest
 /// value plus one (`INCR` for a single key) and stores it in every key; all atomically.

@@ -96,6 +96,11 @@ async fn a_local_release_wakes_the_watcher_and_unused_keys_are_forgotten() {
 }
 
 /// A state with one key "a" (quorum 2), watched by one watcher.
+/// Whether `watcher` was woken.
+fn fired(watcher: &Watcher) -> bool {
+    watcher.fired.load(Ordering::SeqCst)
+}
+
 fn one_watched_key(waiter: Option<Arc<str>>) -> (State, Arc<KeyState>, Arc<Watcher>) {
     let state = State {
         keys: Mutex::default(),
@@ -113,38 +118,26 @@ fn messages_wake_a_watcher_only_from_a_majority_of_nodes() {
     let (state, _key, watcher) = one_watched_key(None);
     state.released("a", 1, "");
     state.released("a", 1, "");
-    assert!(
-        !watcher.fired.load(Ordering::SeqCst),
-        "one node twice is not a majority"
-    );
+    assert!(!fired(&watcher), "one node twice is not a majority");
     state.released("other", 0, "");
-    assert!(!watcher.fired.load(Ordering::SeqCst));
+    assert!(!fired(&watcher));
     state.released("a", 2, "");
-    assert!(watcher.fired.load(Ordering::SeqCst));
+    assert!(fired(&watcher));
 }
 
 #[test]
 fn a_fair_waiter_counts_only_messages_that_name_it_or_nobody() {
     let (state, key, watcher) = one_watched_key(Some(Arc::from("me")));
     key.wake(None, 2);
-    assert!(
-        !watcher.fired.load(Ordering::SeqCst),
-        "a local release names nobody's turn"
-    );
-    state.released("a", 0, "someone-else");
-    state.released("a", 1, "someone-else");
-    state.released("a", 2, "someone-else");
-    assert!(
-        !watcher.fired.load(Ordering::SeqCst),
-        "another waiter's turn"
-    );
+    assert!(!fired(&watcher), "a local release names nobody's turn");
+    for node in 0..3 {
+        state.released("a", node, "someone-else");
+    }
+    assert!(!fired(&watcher), "another waiter's turn");
     state.released("a", 0, "me");
-    assert!(!watcher.fired.load(Ordering::SeqCst));
+    assert!(!fired(&watcher));
     state.released("a", 1, "");
-    assert!(
-        watcher.fired.load(Ordering::SeqCst),
-        "its turn on a majority"
-    );
+    assert!(fired(&watcher), "its turn on a majority");
 }
 
 /// A head watches from its first attempt only where the keys are subscribed already (nothing

@@ -147,7 +147,8 @@ fn parse(rows: Vec<KeyRow>, expected: usize) -> Result<Vec<KeyState>, NodeFailur
 mod tests {
     use super::*;
 
-    fn held(prefix: &str, ms: u64) -> KeyState {
+    /// A key held by a token starting with `prefix`, for `ms` more.
+    pub(super) fn held(prefix: &str, ms: u64) -> KeyState {
         KeyState::Held {
             token_prefix: prefix.into(),
             ttl: Some(Duration::from_millis(ms)),

@@ -222,13 +222,7 @@ impl fmt::Display for ResourceView {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn held(prefix: &str, ms: u64) -> KeyState {
-        KeyState::Held {
-            token_prefix: prefix.into(),
-            ttl: Some(Duration::from_millis(ms)),
-        }
-    }
+    use crate::inspect::tests::held;
 
     fn report(states: Vec<Result<KeyState, ()>>) -> Inspection {
         let quorum = states.len() / 2 + 1;

@@ -169,12 +169,7 @@ fn a_reloaded_memory_is_quarantined_until_its_uptime_is_the_period() {
 
 #[test]
 fn the_book_judges_a_voter_by_what_the_others_remember() {
-    let book = MemoryBook::new(PERIOD);
-    let (a, b, c) = (
-        book.register("A").0,
-        book.register("B").0,
-        book.register("C").0,
-    );
+    let (book, [a, b, c]) = book_of(["A", "B", "C"]);
     let at = clock::now();
     // A answers first, young: unsettled until B and C are read.
     book.record(a, reading("a2", S, at, &[]));
@@ -200,8 +195,7 @@ fn the_book_judges_a_voter_by_what_the_others_remember() {
     assert_eq!(book.standing(b), Standing::Counts);
     assert_eq!(book.marker(a).as_deref(), Some("a2"));
     // A voter whose memory cannot be read is waited for by none.
-    let book = MemoryBook::new(PERIOD);
-    let (a, b) = (book.register("A").0, book.register("B").0);
+    let (book, [a, b]) = book_of(["A", "B"]);
     book.record(a, reading("a", S, at, &[]));
     assert!(matches!(book.standing(a), Standing::Unsettled(_)));
     book.unreadable(b);
@@ -233,12 +227,7 @@ fn a_roster_that_was_itself_new_does_not_prolong_a_quarantine() {
 
 #[test]
 fn a_replacement_is_spread_to_the_rosters_that_saw_the_marker_first() {
-    let book = MemoryBook::new(PERIOD);
-    let (a, b, c) = (
-        book.register("A").0,
-        book.register("B").0,
-        book.register("C").0,
-    );
+    let (book, [a, b, c]) = book_of(["A", "B", "C"]);
     let at = clock::now();
     // A and B lost their memory together; C remembers both old markers. B's new roster saw
     // A's new marker first, replacing nothing.
@@ -291,8 +280,7 @@ fn a_young_voter_waits_for_a_reading_under_way_and_is_quarantined_if_it_is_still
         judge("A", &a, &[Peer::Unread { pending: true }, UNREAD], PERIOD),
         Verdict::Pending(at + PERIOD - S)
     );
-    let book = MemoryBook::new(PERIOD);
-    let (a, b) = (book.register("A").0, book.register("B").0);
+    let (book, [a, b]) = book_of(["A", "B"]);
     book.record(a, reading("a", S, at, &[]));
     assert!(matches!(book.standing(a), Standing::Unsettled(_)));
     book.reading(b, true);
@@ -309,4 +297,11 @@ fn a_young_voter_waits_for_a_reading_under_way_and_is_quarantined_if_it_is_still
         Standing::Pending(S).and(Standing::Quarantined(S)),
         Standing::Quarantined(S)
     );
+}
+
+/// A book of `voters`, registered in this order, and their indexes.
+fn book_of<const N: usize>(voters: [&str; N]) -> (MemoryBook, [usize; N]) {
+    let book = MemoryBook::new(PERIOD);
+    let indexes = voters.map(|voter| book.register(voter).0);
+    (book, indexes)
 }

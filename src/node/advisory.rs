@@ -220,14 +220,14 @@ async fn guarded_write<C: ConnectionLike + Send>(
     conn: &mut C,
     write: &GuardedWrite,
 ) -> Result<bool, redis::RedisError> {
-    let mut invocation = WRITE_IF_HELD.prepare_invoke();
-    invocation
+    let written: i64 = WRITE_IF_HELD
         .key(&*write.lock_key)
         .key(&*write.key)
         .arg(&*write.token)
         .arg(write.value.as_deref().unwrap_or(""))
-        .arg(write.ttl_ms);
-    let written: i64 = invocation.invoke_async(conn).await?;
+        .arg(write.ttl_ms)
+        .invoke_async(conn)
+        .await?;
     Ok(written == 1)
 }
 
@@ -237,12 +237,12 @@ async fn claim_value<C: ConnectionLike + Send>(
     conn: &mut C,
     claim: &Claim,
 ) -> Result<String, redis::RedisError> {
-    let mut invocation = CLAIM.prepare_invoke();
-    invocation
+    CLAIM
         .key(&*claim.key)
         .arg(&*claim.value)
-        .arg(claim.ttl_ms);
-    invocation.invoke_async(conn).await
+        .arg(claim.ttl_ms)
+        .invoke_async(conn)
+        .await
 }
 
 /// Reads a read-write lock's keys, as [`rw_inspect`].

@@ -17,9 +17,9 @@ use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::time::{Instant, Sleep};
 
 use super::batch::{Link, PATIENCE, Replies, Run, Touch, check_count, write_eval, write_script};
-use super::connection::Holder;
 use super::queue::{Queue, QueuedNode};
 use super::{Advice, Advisory, advisory};
+use crate::connection::Holder;
 use crate::error::NodeFailure;
 
 /// A Cluster voter's connection: made on first use and shared by its link's lock and advisory

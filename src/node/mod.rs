@@ -5,16 +5,11 @@ mod advisory;
 mod batch;
 #[cfg(feature = "cluster")]
 mod cluster;
-pub(crate) mod connect;
-mod connection;
 #[cfg(test)]
 pub(crate) mod fake;
-pub(crate) mod identity;
 mod plain;
 mod queue;
 mod redis;
-#[cfg(feature = "sentinel")]
-mod sentinel;
 mod server_link;
 
 use std::future::Future;
@@ -31,13 +26,9 @@ pub(crate) use self::advisory::{
     Advice, Advisory, Claim, GuardedWrite, KeyRow, RwRow, claim, eviction_policy, inspect, run_id,
     rw_inspect, write_if_held,
 };
-pub use self::connect::Tls;
-pub(crate) use self::connection::{ServerConnection, Source};
 pub(crate) use self::redis::RedisNode;
 #[cfg(feature = "cluster")]
 pub(crate) use cluster::cluster_node;
-#[cfg(feature = "sentinel")]
-pub(crate) use sentinel::Sentinels;
 
 /// Where one request's reply goes.
 pub(crate) type Reply = oneshot::Sender<Result<i64, NodeFailure>>;

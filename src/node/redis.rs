@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use tokio_util::task::TaskTracker;
 
-use super::connection::{Patient, ServerConnection, Source};
-use super::identity::{Identity, QuarantineRule};
 use super::queue::{Queue, QueuedNode};
 use super::server_link::ServerLink;
+use crate::connection::{ServerConnection, Source};
 use crate::memory::MemoryBook;
+use crate::memory::identity::{Identity, QuarantineRule};
 
 /// A Redis master. Every lock's lock calls go through the node's one [`Queue`], which sends
 /// them batched over redis-rs's multiplexed connection (whatever the address: TCP, TLS, a Unix
@@ -53,12 +53,11 @@ impl RedisNode {
         let connection = Arc::clone(&shared);
         let link_identity = Arc::clone(&identity);
         let queue = Queue::new(&addr, node_timeout, move || {
-            let link = ServerLink::new(
+            ServerLink::new(
                 Arc::clone(&connection),
                 native_commands,
                 Arc::clone(&link_identity),
-            );
-            Patient::new(link, Arc::clone(&connection))
+            )
         });
         RedisNode {
             node: QueuedNode::new(addr, queue, Some(identity)),

@@ -1,7 +1,7 @@
 //! One server's link under its queue: the batch as one `EVALSHA` of `scripts/batch.lua` over
 //! the server's [`ServerConnection`], or, on a server with compare-and-delete, one pipeline of
 //! plain commands and script calls ([`plain`](super::plain)); the server's identity read
-//! when it is due.
+//! when it is due; a Sentinel source asked again once calls went unanswered for [`PATIENCE`].
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -12,18 +12,24 @@ use redis::{Cmd, RedisError, Value};
 use tokio::time::Sleep;
 
 use super::batch::{
-    BATCH, Link, Replies, Run, Touch, check_count, count_mismatch, evalsha, write_call,
+    BATCH, Link, PATIENCE, Replies, Run, Touch, check_count, count_mismatch, evalsha, write_call,
 };
-use super::connection::{Connection, ServerConnection};
-use super::identity::{Due, Identity};
 use super::plain::{self, PlainSupport, Plan};
 use super::{Advice, Advisory, Op, advisory};
+use crate::connection::{Connection, ServerConnection};
 use crate::error::{Class, NodeFailure};
+use crate::memory::identity::{Due, Identity};
 
 /// One server's link: the batch as one `EVALSHA` over its [`ServerConnection`], or, on a
 /// server with compare-and-delete, as one pipeline of plain commands and script calls (see
 /// [`plain`](super::plain)); the server's [`Identity`] read when it is due (first call,
 /// lost connection, `NOSCRIPT`, every second).
+///
+/// A master that hangs is kept: its connection carries the calls made before, and a call
+/// sent now goes behind them, so when it resumes a release runs after its acquire. Only once
+/// calls have gone unanswered for [`PATIENCE`] is a Sentinel source asked again (the
+/// sentinels may have promoted a replica by then); the connection is replaced only if they
+/// name another server. A direct source keeps its connection, which redis-rs reconnects.
 pub(super) struct ServerLink {
     connection: Arc<ServerConnection>,
     identity: Arc<Identity>,
@@ -34,6 +40,8 @@ pub(super) struct ServerLink {
     support: Option<(u64, Option<PlainSupport>)>,
     /// The pipeline being sent, kept for the next batch's.
     plan: Plan,
+    /// The connection's generation and since when calls on it have gone unanswered.
+    stalled: Option<(u64, tokio::time::Instant)>,
 }
 
 impl ServerLink {
@@ -48,6 +56,7 @@ impl ServerLink {
             script: Cmd::new(),
             support: native_commands.then_some((0, None)),
             plan: Plan::default(),
+            stalled: None,
         }
     }
 
@@ -360,41 +369,71 @@ impl Link for ServerLink {
         timeout: Duration,
         mut deadline: Pin<&'a mut Sleep>,
     ) -> Result<Replies, NodeFailure> {
-        let mut asked = None;
-        if self.support.is_some() {
-            let ready = async {
-                let mut conn = self.connection.connection().await?;
-                // Plain commands meet no NOSCRIPT after a restart: the identity is read
-                // before them whenever it is due.
-                if self.identity.due() != Due::No && counts_votes(runs) {
-                    self.check_identity(&mut conn).await?;
+        // As plain commands where the server has them, else as the script call.
+        let result = async {
+            let mut asked = None;
+            if self.support.is_some() {
+                let ready = async {
+                    let mut conn = self.connection.connection().await?;
+                    // Plain commands meet no NOSCRIPT after a restart: the identity is read
+                    // before them whenever it is due.
+                    if self.identity.due() != Due::No && counts_votes(runs) {
+                        self.check_identity(&mut conn).await?;
+                    }
+                    let support = self.support(&mut conn).await;
+                    Ok::<_, NodeFailure>((conn, support))
+                };
+                let (conn, support) = tokio::select! {
+                    biased;
+                    ready = ready => ready?,
+                    () = deadline.as_mut() => return Err(NodeFailure::Timeout(timeout)),
+                };
+                if support.any_plain(runs) {
+                    return self
+                        .send_plain(conn, support, runs, deadline, timeout)
+                        .await;
                 }
-                let support = self.support(&mut conn).await;
-                Ok::<_, NodeFailure>((conn, support))
-            };
-            let (conn, support) = tokio::select! {
-                biased;
-                ready = ready => ready?,
-                () = deadline.as_mut() => return Err(NodeFailure::Timeout(timeout)),
-            };
-            if support.any_plain(runs) {
-                return self
-                    .send_plain(conn, support, runs, deadline, timeout)
-                    .await;
+                asked = Some(conn);
             }
-            asked = Some(conn);
+            let replies = tokio::select! {
+                biased;
+                replies = self.call(runs) => replies?,
+                () = deadline => return Err(NodeFailure::Timeout(timeout)),
+            };
+            if let Some(conn) = asked
+                && runs.iter().any(|run| run.req.op == Op::Release)
+            {
+                self.learn(&conn, |support| support.released = true);
+            }
+            Ok(Replies::All(replies))
         }
-        let replies = tokio::select! {
-            biased;
-            replies = self.call(runs) => replies?,
-            () = deadline => return Err(NodeFailure::Timeout(timeout)),
-        };
-        if let Some(conn) = asked
-            && runs.iter().any(|run| run.req.op == Op::Release)
-        {
-            self.learn(&conn, |support| support.released = true);
+        .await;
+        self.patience(&result);
+        result
+    }
+}
+
+impl ServerLink {
+    /// Notes how a batch ended: a Sentinel source is asked again once calls on one
+    /// connection have gone unanswered for [`PATIENCE`] (a timeout, batch after batch).
+    fn patience(&mut self, result: &Result<Replies, NodeFailure>) {
+        if !self.connection.asks_again() {
+            return;
         }
-        Ok(Replies::All(replies))
+        match (result, self.connection.generation()) {
+            (Err(NodeFailure::Timeout(_)), Some(generation)) => {
+                let now = tokio::time::Instant::now();
+                let since = match self.stalled {
+                    Some((stalled, since)) if stalled == generation => since,
+                    _ => now,
+                };
+                self.stalled = Some((generation, since));
+                if now.duration_since(since) >= PATIENCE {
+                    self.connection.renew(generation);
+                }
+            }
+            _ => self.stalled = None,
+        }
     }
 }
 

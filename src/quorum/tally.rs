@@ -365,6 +365,10 @@ mod tests {
     #[test]
     fn an_unsettled_grant_waits_for_the_other_nodes() {
         const WAIT: Duration = Duration::from_secs(9);
+        /// A node's answer that did not come in time.
+        fn timed_out() -> Result<i64, NodeFailure> {
+            Err(NodeFailure::Timeout(WAIT))
+        }
         // Three nodes; node 0's grant is unsettled (its marker is young, the others' rosters
         // unread). The others' answers settle it: once they are read it counts.
         let mut tally = Tally::new(3);
@@ -384,13 +388,7 @@ mod tests {
         tally.settle(|_| ("a", Standing::Unsettled(WAIT)));
         assert_eq!(tally.granted, 1);
         assert!(!tally.decided(Until::Granted));
-        tally.count(
-            Op::Acquire,
-            2,
-            "c",
-            Err(NodeFailure::Timeout(WAIT)),
-            Standing::Counts,
-        );
+        tally.count(Op::Acquire, 2, "c", timed_out(), Standing::Counts);
         tally.settle(|_| ("a", Standing::Unsettled(WAIT)));
         assert_eq!((tally.granted, tally.errors.len()), (2, 1));
         assert!(tally.reached());
@@ -399,13 +397,7 @@ mod tests {
         let mut tally = Tally::new(3);
         tally.count(Op::Acquire, 0, "a", Ok(1), Standing::Pending(WAIT));
         tally.count(Op::Acquire, 1, "b", Ok(1), Standing::Counts);
-        tally.count(
-            Op::Acquire,
-            2,
-            "c",
-            Err(NodeFailure::Timeout(WAIT)),
-            Standing::Counts,
-        );
+        tally.count(Op::Acquire, 2, "c", timed_out(), Standing::Counts);
         tally.settle(|_| ("a", Standing::Pending(WAIT)));
         assert_eq!((tally.granted, tally.errors.len()), (1, 2));
         assert!(!tally.reached());

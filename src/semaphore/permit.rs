@@ -1,6 +1,5 @@
 //! `Permit`: one of a semaphore's permits, held: a [`Lock`] on one slot.
 
-use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
@@ -27,9 +26,10 @@ use crate::lock::Lock;
 /// # }
 /// ```
 #[must_use = "a permit is released as soon as it is dropped"]
+#[derive(Debug)]
 pub struct Permit {
-    lock: Lock,
     slot: u32,
+    lock: Lock,
 }
 
 impl Permit {
@@ -98,14 +98,5 @@ impl Permit {
     /// As [`Lock::release`].
     pub async fn release(self) -> Result<(), Error> {
         self.lock.release().await
-    }
-}
-
-impl fmt::Debug for Permit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Permit")
-            .field("slot", &self.slot)
-            .field("lock", &self.lock)
-            .finish()
     }
 }

@@ -66,18 +66,13 @@ pub(crate) enum Release {
 /// A primitive's `using()` (a read-write lock's side, a semaphore's permit): refuses a `ttl`
 /// the lease keeper cannot keep ([`Policy::checked`], before `acquire` is polled), then runs
 /// `routine` in [`scope_with`] over the lock `acquire` gives, its release awaited.
-pub(crate) async fn acquire_and_scope<T, E, F, Fut>(
+pub(crate) async fn acquire_and_scope<T, E: From<Error>, Fut: Future<Output = Result<T, E>>>(
     config: &Config,
     tasks: &TaskTracker,
     ttl: Duration,
     acquire: impl Future<Output = Result<Lock, Error>>,
-    routine: F,
-) -> Result<T, E>
-where
-    F: FnOnce(Signal) -> Fut,
-    Fut: Future<Output = Result<T, E>>,
-    E: From<Error>,
-{
+    routine: impl FnOnce(Signal) -> Fut,
+) -> Result<T, E> {
     let policy = Policy::checked(config, ttl).map_err(|error| E::from(error.into()))?;
     let lock = acquire.await.map_err(E::from)?;
     scope_with(lock, policy, config, tasks, Release::Awaited, routine).await
@@ -87,19 +82,14 @@ where
 /// keeper, which releases the lock, and returns the routine's result (or resumes its panic)
 /// once the release is done, or at once ([`Release`]). Dropped midway, the keeper still
 /// releases, and `Redlock::close` (through `tasks`) waits for it.
-pub(crate) async fn scope_with<T, E, F, Fut>(
+pub(crate) async fn scope_with<T, E: From<Error>, Fut: Future<Output = Result<T, E>>>(
     lock: Lock,
     policy: Policy,
     config: &Config,
     tasks: &TaskTracker,
     release: Release,
-    routine: F,
-) -> Result<T, E>
-where
-    F: FnOnce(Signal) -> Fut,
-    Fut: Future<Output = Result<T, E>>,
-    E: From<Error>,
-{
+    routine: impl FnOnce(Signal) -> Fut,
+) -> Result<T, E> {
     let resources: Arc<[String]> = Arc::from(lock.resources());
     let lease = Lease::new(lock.expires_at(), lock.ttl(), config.drift_factor);
     let ticket = Ticket {

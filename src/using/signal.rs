@@ -182,7 +182,20 @@ mod tests {
         Arc::new(ticket.lease(Arc::from(vec!["r".to_string()]), clock::now() + valid_for))
     }
 
-    fn recorder() -> (EventHook, Arc<Mutex<Vec<Event>>>) {
+    /// The events a lease emitted.
+    type Seen = Arc<Mutex<Vec<Event>>>;
+
+    /// A lease valid for `valid_for`, a signal over it, and the events it emits.
+    fn signal_for(valid_for: Duration) -> (Arc<LeaseState<Ticket>>, Signal, Seen) {
+        let (hook, seen) = recorder();
+        let s = state(valid_for, hook);
+        let signal = Signal {
+            state: Arc::clone(&s).into(),
+        };
+        (s, signal, seen)
+    }
+
+    fn recorder() -> (EventHook, Seen) {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&seen);
         let hook = EventHook::new(move |e: &Event| {
@@ -205,11 +218,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn aborted_resolves_on_abort_once_and_for_all() {
-        let (hook, seen) = recorder();
-        let s = state(Duration::from_secs(60), hook);
-        let signal = Signal {
-            state: Arc::clone(&s).into(),
-        };
+        let (s, signal, seen) = signal_for(Duration::from_secs(60));
         assert!(!signal.is_aborted());
         assert!(signal.check().is_ok());
         assert_eq!(signal.fence(), Some(7));
@@ -242,11 +251,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_signal_aborts_at_expiry_on_its_own_and_follows_extensions() {
-        let (hook, seen) = recorder();
-        let s = state(Duration::from_secs(5), hook);
-        let signal = Signal {
-            state: Arc::clone(&s).into(),
-        };
+        let (s, signal, seen) = signal_for(Duration::from_secs(5));
         let start = tokio::time::Instant::now();
         let waiter = tokio::spawn({
             let signal = signal.clone();
@@ -279,11 +284,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_signal_kept_after_its_scope_reports_the_release_without_an_event() {
-        let (hook, seen) = recorder();
-        let s = state(Duration::from_secs(5), hook);
-        let signal = Signal {
-            state: Arc::clone(&s).into(),
-        };
+        let (s, signal, seen) = signal_for(Duration::from_secs(5));
         s.close();
         assert!(matches!(
             signal.aborted().await,

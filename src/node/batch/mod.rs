@@ -25,7 +25,6 @@ pub(super) static BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(BATCH_S
 /// slot map; the sentinels asked again). Within this window every call to a hung server goes
 /// on the connection that carries the calls before it, so a server that resumes runs a lock's
 /// release after its acquire; a connection made anew could run first.
-#[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
 pub(crate) const PATIENCE: Duration = Duration::from_secs(5);
 
 /// What a node's queue sends its batches over: one kind per kind of voter (a server's
@@ -77,16 +76,7 @@ pub(crate) const MAX_BYTES: usize = 1 << 20;
 /// What a node's queue carries: a request and where its reply goes, or a marker that answers
 /// once everything queued before it has run.
 pub(super) enum Job {
-    Run {
-        req: Request,
-        /// `None` once the caller has been answered (it waited behind a hung call, or its
-        /// call was given up and the request is resent).
-        reply: Option<Reply>,
-        /// A release or leave given up (its call timed out or its connection was lost) is
-        /// resent until this instant, its lock's TTL after it was first given up: it must
-        /// reach the node, even after a reconnect. `None` for a request never given up.
-        resend_until: Option<Instant>,
-    },
+    Run(Run),
     Flush(oneshot::Sender<()>),
     /// An advisory call, sent alone in its place in line.
     Advise {
@@ -95,16 +85,39 @@ pub(super) enum Job {
     },
 }
 
-/// One request of a batch: as [`Job::Run`].
+/// One request, queued and in a batch.
 pub(super) struct Run {
     pub(super) req: Request,
-    reply: Option<Reply>,
-    resend_until: Option<Instant>,
+    /// `None` once the caller has been answered (it waited behind a hung call, or its call
+    /// was given up and the request is resent).
+    pub(super) reply: Option<Reply>,
+    /// A release or leave given up (its call timed out or its connection was lost) is resent
+    /// until this instant, its lock's TTL after it was first given up: it must reach the
+    /// node, even after a reconnect. `None` for a request never given up.
+    pub(super) resend_until: Option<Instant>,
 }
 
-#[cfg(test)]
 impl Run {
+    /// `req`, whose caller waits for its reply at `reply`.
+    pub(super) fn new(req: Request, reply: Reply) -> Run {
+        Run {
+            req,
+            reply: Some(reply),
+            resend_until: None,
+        }
+    }
+
+    /// `req` given up, its caller answered: sent again until `until`.
+    pub(super) fn resent(req: Request, until: Instant) -> Run {
+        Run {
+            req,
+            reply: None,
+            resend_until: Some(until),
+        }
+    }
+
     /// A request nobody waits for, for tests of how a batch is written.
+    #[cfg(test)]
     pub(super) fn unanswered(req: Request) -> Run {
         Run {
             req,
@@ -121,7 +134,7 @@ pub(super) mod test_jobs {
 
     use tokio::sync::oneshot;
 
-    use super::Job;
+    use super::{Job, Run};
     use crate::error::NodeFailure;
     use crate::node::{Op, Request};
 
@@ -143,12 +156,7 @@ pub(super) mod test_jobs {
         token: &str,
     ) -> (Job, oneshot::Receiver<Result<i64, NodeFailure>>) {
         let (reply, answer) = oneshot::channel();
-        let job = Job::Run {
-            req: request(op, token),
-            reply: Some(reply),
-            resend_until: None,
-        };
-        (job, answer)
+        (Job::Run(Run::new(request(op, token), reply)), answer)
     }
 }
 
@@ -193,27 +201,15 @@ impl Batch {
 
     fn add(&mut self, job: Job, always: bool) -> Result<(), Job> {
         match job {
-            Job::Run {
-                req,
-                reply,
-                resend_until,
-            } => {
-                let keys = self.keys + req.keys.len();
-                let bytes = self.bytes + size(&req);
+            Job::Run(run) => {
+                let keys = self.keys + run.req.keys.len();
+                let bytes = self.bytes + size(&run.req);
                 if !always && (keys > MAX_KEYS || bytes > MAX_BYTES) {
-                    return Err(Job::Run {
-                        req,
-                        reply,
-                        resend_until,
-                    });
+                    return Err(Job::Run(run));
                 }
                 self.keys = keys;
                 self.bytes = bytes;
-                self.runs.push(Run {
-                    req,
-                    reply,
-                    resend_until,
-                });
+                self.runs.push(run);
             }
             Job::Flush(done) => self.flushes.push(done),
             // Never in a batch: the queue sends it alone.
@@ -278,7 +274,7 @@ impl Batch {
     }
 
     /// Answers every request of a batch whose call failed with `failure`, and hands back the
-    /// releases and fair queue leaves to send again (see [`Job::Run`]): the call may not have
+    /// releases and fair queue leaves to send again (see [`Run::resend_until`]): the call may not have
     /// reached the node (a lost connection), or may yet be lost with its connection (a time-out),
     /// and a lock key must not outlive its release. Only after a time-out or a connection
     /// failure: a reply that refuses the call (no permission, no script) is final. The batch's
@@ -422,11 +418,7 @@ fn fail_run(run: Run, failure: &NodeFailure, resend: &mut Vec<Job>) {
     };
     let until = run.resend_until.unwrap_or_else(|| resend_deadline(ttl_ms));
     if crate::clock::now() < until {
-        resend.push(Job::Run {
-            req: run.req,
-            reply: None,
-            resend_until: Some(until),
-        });
+        resend.push(Job::Run(Run::resent(run.req, until)));
     }
 }
 

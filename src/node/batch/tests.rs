@@ -4,18 +4,14 @@ use super::*;
 use crate::node::{Command, RwMode};
 
 fn run(key: String) -> Job {
-    Job::Run {
-        req: Request {
-            op: Op::Acquire,
-            keys: vec![key].into(),
-            token: "token".into(),
-            ttl_ms: 1_000,
-            queue: None,
-            rw: None,
-        },
-        reply: None,
-        resend_until: None,
-    }
+    Job::Run(Run::unanswered(Request {
+        op: Op::Acquire,
+        keys: vec![key].into(),
+        token: "token".into(),
+        ttl_ms: 1_000,
+        queue: None,
+        rw: None,
+    }))
 }
 
 #[test]

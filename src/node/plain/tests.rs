@@ -27,6 +27,14 @@ const ALL: PlainSupport = PlainSupport {
     released: true,
 };
 
+/// What the server's `values` (one per command sent) say of `runs`, all sent plain where
+/// they can be.
+fn answered(runs: &[Run], values: Vec<Value>) -> Outcome {
+    let plan = Plan::new(runs, ALL);
+    assert_eq!(values.len(), plan.commands);
+    plan.read(runs, values)
+}
+
 fn pieces(runs: &[Run], support: PlainSupport) -> Vec<Piece> {
     Plan::new(runs, support).pieces
 }
@@ -97,26 +105,26 @@ fn replies_read_as_the_scripts_and_a_taken_key_runs_again_in_the_script() {
         run(Op::Release, &["gone"], "t9"),
         run(Op::Release, &["wrongtype"], "t10"),
     ];
-    let plan = Plan::new(&runs, ALL);
-    let values = vec![
-        Value::Okay,
-        // SET … NX found the key taken (another owner, another type, or our own first send
-        // of a batch resent after a lost connection): the script tells which.
-        Value::Nil,
-        server_error("OOM command not allowed when used memory > 'maxmemory'."),
-        Value::Okay,
-        Value::Nil,
-        Value::Int(1),
-        Value::Int(1),
-        Value::Int(1),
-        Value::Int(0),
-        Value::Int(0),
-        Value::Int(1),
-        server_error("WRONGTYPE Operation against a key holding the wrong kind of value"),
-        Value::Int(0),
-    ];
-    assert_eq!(values.len(), plan.commands);
-    let outcome = plan.read(&runs, values);
+    let outcome = answered(
+        &runs,
+        vec![
+            Value::Okay,
+            // SET … NX found the key taken (another owner, another type, or our own first send
+            // of a batch resent after a lost connection): the script tells which.
+            Value::Nil,
+            server_error("OOM command not allowed when used memory > 'maxmemory'."),
+            Value::Okay,
+            Value::Nil,
+            Value::Int(1),
+            Value::Int(1),
+            Value::Int(1),
+            Value::Int(0),
+            Value::Int(0),
+            Value::Int(1),
+            server_error("WRONGTYPE Operation against a key holding the wrong kind of value"),
+            Value::Int(0),
+        ],
+    );
     assert_eq!(
         outcome.again,
         vec![1],
@@ -172,16 +180,17 @@ fn a_refused_plain_command_or_a_missing_script_runs_again_in_the_script() {
         run(Op::Extend, &["e"], "t3"),
         run(Op::Release, &["s"], "t4"),
     ];
-    let plan = Plan::new(&runs, ALL);
-    let values = vec![
-        server_error("NOPERM User app has no permissions to run the 'delifeq' command"),
-        Value::Int(0),
-        server_error("NOSCRIPT No matching script."),
-        server_error("ERR unknown command 'SET', with args beginning with:"),
-        Value::Int(1),
-        Value::Int(0),
-    ];
-    let outcome = plan.read(&runs, values);
+    let outcome = answered(
+        &runs,
+        vec![
+            server_error("NOPERM User app has no permissions to run the 'delifeq' command"),
+            Value::Int(0),
+            server_error("NOSCRIPT No matching script."),
+            server_error("ERR unknown command 'SET', with args beginning with:"),
+            Value::Int(1),
+            Value::Int(0),
+        ],
+    );
     assert!(outcome.refused && outcome.noscript);
     assert_eq!(outcome.again, vec![0, 1, 2]);
     assert_eq!(outcome.replies[3], Some(Value::Int(1)));
@@ -200,16 +209,16 @@ fn a_plain_release_or_extension_keeps_its_own_server_error() {
         run(Op::Extend, &["e"], "t2"),
         run(Op::Extend, &["old"], "t3"),
     ];
-    let plan = Plan::new(&runs, ALL);
-    let values = vec![
-        server_error("LOADING Redis is loading the dataset in memory"),
-        Value::Int(0),
-        server_error("READONLY You can't write against a read only replica."),
-        // A server replaced by one without SET … IFEQ.
-        server_error("ERR syntax error"),
-    ];
-    assert_eq!(values.len(), plan.commands);
-    let outcome = plan.read(&runs, values);
+    let outcome = answered(
+        &runs,
+        vec![
+            server_error("LOADING Redis is loading the dataset in memory"),
+            Value::Int(0),
+            server_error("READONLY You can't write against a read only replica."),
+            // A server replaced by one without SET … IFEQ.
+            server_error("ERR syntax error"),
+        ],
+    );
     // Errors, not "deleted nothing" / "not ours" (which would read as a lost lock).
     assert!(matches!(outcome.replies[0], Some(Value::ServerError(_))));
     assert!(matches!(outcome.replies[1], Some(Value::ServerError(_))));

@@ -43,12 +43,12 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
 use self::serve::serve;
-use super::batch::{Job, Link};
-use super::identity::Identity;
+use super::batch::{Job, Link, Run};
 use super::{Advice, Advisory, Node, NodeCall, Op, Request, stopped};
 use crate::clock;
 use crate::error::NodeFailure;
 use crate::memory::Standing;
+use crate::memory::identity::Identity;
 
 /// Starts a node's serving task on a runtime (see [`Queue`]).
 type Starter = dyn Fn(&tokio::runtime::Handle) -> StartedQueue + Send + Sync;
@@ -342,11 +342,7 @@ impl StartedQueue {
         req: Request,
     ) -> Result<oneshot::Receiver<Result<i64, NodeFailure>>, NodeFailure> {
         let (reply, answer) = oneshot::channel();
-        self.try_send(Job::Run {
-            req,
-            reply: Some(reply),
-            resend_until: None,
-        })?;
+        self.try_send(Job::Run(Run::new(req, reply)))?;
         Ok(answer)
     }
 
@@ -381,11 +377,7 @@ impl StartedQueue {
         req: Request,
     ) -> oneshot::Receiver<Result<i64, NodeFailure>> {
         let (reply, answer) = oneshot::channel();
-        let job = Job::Run {
-            req,
-            reply: Some(reply),
-            resend_until: None,
-        };
+        let job = Job::Run(Run::new(req, reply));
         let jobs = self.jobs.clone();
         tokio::spawn(async move {
             // A queue that stopped answers the reply's sender with its drop: `stopped`.

@@ -111,7 +111,7 @@ impl Resend {
     pub(super) fn settle(&mut self) {
         let now = clock::now();
         self.jobs.retain(|job| match job {
-            Job::Run { resend_until, .. } => resend_until.is_some_and(|until| now < until),
+            Job::Run(run) => run.resend_until.is_some_and(|until| now < until),
             Job::Flush(_) => true,
             Job::Advise { .. } => false,
         });
@@ -131,20 +131,20 @@ impl Resend {
 mod tests {
     use super::*;
     use crate::node::Op;
+    use crate::node::batch::Run;
     use crate::node::batch::test_jobs::job;
 
     const CAP: usize = 1_000;
 
     fn resent(op: Op, token: &str, for_ms: u64) -> Job {
         let (job, _) = job(op, token);
-        let Job::Run { req, .. } = job else {
+        let Job::Run(run) = job else {
             unreachable!("job() makes a run")
         };
-        Job::Run {
-            req,
-            reply: None,
-            resend_until: Some(clock::now() + Duration::from_millis(for_ms)),
-        }
+        Job::Run(Run::resent(
+            run.req,
+            clock::now() + Duration::from_millis(for_ms),
+        ))
     }
 
     #[tokio::test(start_paused = true)]
@@ -192,7 +192,7 @@ mod tests {
             .jobs
             .iter()
             .map(|job| match job {
-                Job::Run { req, .. } => req.token.to_string(),
+                Job::Run(run) => run.req.token.to_string(),
                 Job::Flush(_) => "flush".to_owned(),
                 Job::Advise { .. } => "advise".to_owned(),
             })

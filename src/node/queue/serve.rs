@@ -12,7 +12,7 @@ use super::{Progress, QUEUE_CAPACITY};
 use crate::clock;
 use crate::error::NodeFailure;
 use crate::node::Op;
-use crate::node::batch::{Batch, Job, Link};
+use crate::node::batch::{Batch, Job, Link, Run};
 
 /// Serves the queue until every sender is gone and nothing is left to resend.
 pub(super) async fn serve<L: Link>(
@@ -88,10 +88,10 @@ pub(super) async fn serve<L: Link>(
                 // keeps its place in line.
                 if matches!(
                     next,
-                    Job::Run {
+                    Job::Run(Run {
                         resend_until: Some(_),
                         ..
-                    }
+                    })
                 ) {
                     resend.jobs.push(next);
                 } else {
@@ -163,21 +163,13 @@ fn answer_behind_hung_call(backlog: &mut VecDeque<Job>, failure: &NodeFailure) {
     let mut cleanups = 0;
     for job in std::mem::take(backlog) {
         match job {
-            Job::Run {
-                req,
-                reply,
-                resend_until,
-            } => {
-                if let Some(reply) = reply {
+            Job::Run(mut run) => {
+                if let Some(reply) = run.reply.take() {
                     let _ = reply.send(Err(failure.clone()));
                 }
-                if matches!(req.op, Op::Release | Op::Leave) && cleanups < QUEUE_CAPACITY {
+                if matches!(run.req.op, Op::Release | Op::Leave) && cleanups < QUEUE_CAPACITY {
                     cleanups += 1;
-                    backlog.push_back(Job::Run {
-                        req,
-                        reply: None,
-                        resend_until,
-                    });
+                    backlog.push_back(Job::Run(run));
                 }
             }
             Job::Flush(done) => backlog.push_back(Job::Flush(done)),
@@ -198,7 +190,7 @@ mod tests {
         backlog
             .iter()
             .map(|job| match job {
-                Job::Run { req, .. } => req.token.to_string(),
+                Job::Run(run) => run.req.token.to_string(),
                 Job::Flush(_) => "flush".to_owned(),
                 Job::Advise { .. } => "advise".to_owned(),
             })

@@ -14,9 +14,7 @@ use tokio_util::task::TaskTracker;
 
 use super::{Holder, State, lock, needs_new_connection};
 use crate::error::NodeFailure;
-use crate::node::batch::{Link, PATIENCE, Replies, Run};
-use crate::node::identity::Identity;
-use crate::node::{Advice, Advisory};
+use crate::memory::identity::Identity;
 
 /// Where a server's connection comes from.
 #[derive(Clone)]
@@ -25,9 +23,10 @@ pub(crate) enum Source {
     /// reconnects to it by itself after I/O errors.
     Direct(Arc<Client>),
     /// The master a Sentinel group names: asked again after a failure that may mean it is no
-    /// longer the master, or once calls have gone unanswered for [`PATIENCE`].
+    /// longer the master, or once calls have gone unanswered for the patience window (see
+    /// [`renew`](ServerConnection::renew)).
     #[cfg(feature = "sentinel")]
-    Sentinels(Arc<crate::node::sentinel::Sentinels>),
+    Sentinels(Arc<super::sentinel::Sentinels>),
     /// A simulated server (feature `testing`): connections that reconnect by themselves, as
     /// a direct source's do.
     #[cfg(any(test, feature = "testing"))]
@@ -281,12 +280,24 @@ impl ServerConnection {
         }
     }
 
+    /// Whether calls that go unanswered make the source be asked again (a Sentinel group,
+    /// see [`renew`](Self::renew)); a direct source's connection is kept, and redis-rs
+    /// reconnects it by itself.
+    pub(crate) fn asks_again(&self) -> bool {
+        !self.source.direct() || renews_direct()
+    }
+
+    /// The generation of the connection now, if one is made.
+    pub(crate) fn generation(&self) -> Option<u64> {
+        self.holder.current().map(|(generation, _)| generation)
+    }
+
     /// Asks the source again, in the background, after calls on the connection of
-    /// `generation` went unanswered for [`PATIENCE`]: the sentinels may have promoted a
-    /// replica. The connection is replaced only by one to another server (a new one to the
-    /// same server could run a call before those still waiting in the old one). A direct
-    /// source keeps its connection.
-    fn renew(&self, generation: u64) {
+    /// `generation` went unanswered for the patience window (the server link's): the
+    /// sentinels may have promoted a replica. The connection is replaced only by one to
+    /// another server (a new one to the same server could run a call before those still
+    /// waiting in the old one). A direct source keeps its connection.
+    pub(crate) fn renew(&self, generation: u64) {
         if self.source.direct() && !renews_direct() {
             return;
         }
@@ -310,7 +321,7 @@ fn renews_direct() -> bool {
 
 /// How a connection manager to a server is configured.
 #[derive(Clone)]
-pub(in crate::node) struct Settings {
+pub(super) struct Settings {
     /// The server's identity, told of a disconnection notice (RESP3).
     identity: Option<Arc<Identity>>,
     connect_timeout: Duration,
@@ -318,7 +329,7 @@ pub(in crate::node) struct Settings {
 
 impl Settings {
     /// The configuration of a connection manager to `client`'s server.
-    pub(in crate::node) fn config(&self, client: &Client) -> ConnectionManagerConfig {
+    pub(super) fn config(&self, client: &Client) -> ConnectionManagerConfig {
         let mut config = ConnectionManagerConfig::new();
         // Over RESP3 redis-rs reconnects as soon as the server closes the connection, between
         // calls, so no call sees the loss: its disconnection notice makes the server suspect.
@@ -443,73 +454,5 @@ impl ConnectionLike for Connection {
 
     fn get_db(&self) -> i64 {
         self.manager.get_db()
-    }
-}
-
-/// A server's link that asks its source again once calls have gone unanswered for
-/// [`PATIENCE`] (a Sentinel source; a direct one keeps its connection, which redis-rs
-/// reconnects by itself).
-///
-/// A master that hangs is kept: its connection carries the calls made before, and a call
-/// sent now goes behind them, so when it resumes a release runs after its acquire. Only once
-/// calls have gone unanswered for the window are the sentinels asked again (they may have
-/// promoted a replica by then); the connection is replaced only if they name another server.
-pub(in crate::node) struct Patient<L> {
-    link: L,
-    connection: Arc<ServerConnection>,
-    /// Since when calls on the connection of `generation` have gone unanswered.
-    stalled_since: Option<tokio::time::Instant>,
-    generation: u64,
-}
-
-impl<L> Patient<L> {
-    /// `link`, over `connection`.
-    pub(in crate::node) fn new(link: L, connection: Arc<ServerConnection>) -> Self {
-        Patient {
-            link,
-            connection,
-            stalled_since: None,
-            generation: 0,
-        }
-    }
-}
-
-impl<L: Link> Link for Patient<L> {
-    fn hangs_whole(&self) -> bool {
-        self.link.hangs_whole()
-    }
-
-    fn advise<'a>(
-        &'a mut self,
-        advisory: &'a Advisory,
-    ) -> impl Future<Output = Result<Advice, NodeFailure>> + Send + 'a {
-        self.link.advise(advisory)
-    }
-
-    async fn send<'a>(
-        &'a mut self,
-        runs: &'a [Run],
-        timeout: Duration,
-        deadline: std::pin::Pin<&'a mut tokio::time::Sleep>,
-    ) -> Result<Replies, NodeFailure> {
-        let result = self.link.send(runs, timeout, deadline).await;
-        if self.connection.source.direct() && !renews_direct() {
-            return result;
-        }
-        match (&result, self.connection.holder.current()) {
-            (Err(NodeFailure::Timeout(_)), Some((generation, _))) => {
-                if generation != self.generation {
-                    self.generation = generation;
-                    self.stalled_since = None;
-                }
-                let now = tokio::time::Instant::now();
-                let since = *self.stalled_since.get_or_insert(now);
-                if now.duration_since(since) >= PATIENCE {
-                    self.connection.renew(generation);
-                }
-            }
-            _ => self.stalled_since = None,
-        }
-        result
     }
 }

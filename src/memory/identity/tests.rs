@@ -216,13 +216,10 @@ fn evictions_a_failover_and_a_vanished_marker_quarantine_for_the_period() {
     assert_eq!(identity.standing(), Standing::Counts);
 }
 
-#[test]
-fn an_acl_without_the_memory_script_stops_its_checks_alone() {
-    let (identity, _book) = identity(60 * S);
-    let refused = redis::parse_redis_value(
-        b"-NOPERM this user has no permissions to run the 'time' command\r\n",
-    )
-    .expect("an error reply");
+/// One reading whose `INFO` answers and whose memory script is refused with `refusal` (an
+/// error reply, with its CRLF).
+fn memory_refused(identity: &Identity, refusal: &str) {
+    let refused = redis::parse_redis_value(refusal.as_bytes()).expect("an error reply");
     let (asked, _, _) = identity.ask().expect("on");
     let sent = clock::now();
     identity.observe(
@@ -230,6 +227,15 @@ fn an_acl_without_the_memory_script_stops_its_checks_alone() {
         vec![info("a", 100, "r", 0), Value::Okay, refused],
         sent,
         sent + MS,
+    );
+}
+
+#[test]
+fn an_acl_without_the_memory_script_stops_its_checks_alone() {
+    let (identity, _book) = identity(60 * S);
+    memory_refused(
+        &identity,
+        "-NOPERM this user has no permissions to run the 'time' command\r\n",
     );
     assert_eq!(identity.standing(), Standing::Counts);
     let (asked, _, count) = identity.ask().expect("INFO is still read");
@@ -249,15 +255,7 @@ fn every_servers_wording_of_an_acl_refusal_in_a_script_stops_the_memory_reads() 
         "-NOPERM this user has no permissions to access one of the keys used as arguments\r\n",
     ] {
         let (identity, _book) = identity(60 * S);
-        let refused = redis::parse_redis_value(wording.as_bytes()).expect("an error reply");
-        let (asked, _, _) = identity.ask().expect("on");
-        let sent = clock::now();
-        identity.observe(
-            &asked,
-            vec![info("a", 100, "r", 0), Value::Okay, refused],
-            sent,
-            sent + MS,
-        );
+        memory_refused(&identity, wording);
         assert_eq!(identity.standing(), Standing::Counts, "{wording}");
         let (asked, _, _) = identity.ask().expect("INFO is still read");
         assert!(!asked.memory, "{wording}");

@@ -1,7 +1,9 @@
 //! The one connection holder ([`Holder`]) of every voter and of the Redis fencing counter, and a
 //! server's connection over it ([`ServerConnection`], in `server.rs`): redis-rs's multiplexed,
 //! auto-reconnecting connection to the server a [`Source`] names (its address, or the master
-//! the sentinels name).
+//! the sentinels name: [`Sentinels`], in `sentinel.rs`), made from a URL and its [`Tls`]
+//! settings (`connect.rs`). Below the node layer, which sends over these connections, the
+//! fencing counter and `NodeAddr`; it imports none of them.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -315,12 +317,16 @@ fn reconnect_delay(failures: u32) -> Duration {
         .min(MAX_RECONNECT_DELAY)
 }
 
+pub(crate) mod connect;
+#[cfg(feature = "sentinel")]
+mod sentinel;
 mod server;
 
-pub(super) use server::Patient;
-pub(crate) use server::{Connection, ServerConnection, Source};
+pub use connect::Tls;
+
 #[cfg(feature = "sentinel")]
-pub(super) use server::{Manager, Server, Settings};
+pub(crate) use sentinel::Sentinels;
+pub(crate) use server::{Connection, ServerConnection, Source};
 
 #[cfg(test)]
 mod tests;

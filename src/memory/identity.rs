@@ -23,10 +23,8 @@ use redis::{Script, Value};
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::connection::Connection;
-
+use super::{Flags, MemoryBook, Standing};
 use crate::clock;
-use crate::memory::{Flags, MemoryBook, Standing};
 use reading::{ClockSample, Info, text};
 
 /// How often a server's identity is read again while nothing else suggested a loss (a
@@ -140,8 +138,8 @@ impl Identity {
             flags,
             own_counts: AtomicBool::new(true),
             memory,
-            marker_key: format!("{key_prefix}{}", crate::memory::MARKER),
-            roster_prefix: format!("{key_prefix}{}", crate::memory::ROSTER),
+            marker_key: format!("{key_prefix}{}", super::MARKER),
+            roster_prefix: format!("{key_prefix}{}", super::ROSTER),
             state: Mutex::default(),
             under_way: Mutex::default(),
             tasks,
@@ -269,7 +267,10 @@ impl Identity {
     /// [`Standing::Pending`]. A server that refuses `INFO` or the memory script for good (an
     /// ACL, a proxy) is not asked that again; any other failure leaves the check due before
     /// the next call.
-    pub(crate) async fn check(self: &Arc<Self>, conn: &Connection) {
+    pub(crate) async fn check<C>(self: &Arc<Self>, conn: &C)
+    where
+        C: ConnectionLike + Clone + Send + 'static,
+    {
         let under_way = {
             let mut under_way = self
                 .under_way

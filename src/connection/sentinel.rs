@@ -1,10 +1,11 @@
 //! A Sentinel group as a connection source: the master it names is a server like any other
-//! ([`RedisNode`](super::RedisNode)), whose connection ([`ServerConnection`]) asks the
-//! sentinels where the master is, asks again after a failure that may mean it is no longer the
-//! master (a failover demotes it: `READONLY`; it refuses writes: `NOREPLICAS`), and once calls
-//! have gone unanswered for the patience window ([`Patient`](super::connection::Patient)).
+//! (a `RedisNode`), whose connection ([`ServerConnection`]) asks the sentinels where the
+//! master is, asks again after a failure that may mean it is no longer the master (a failover
+//! demotes it: `READONLY`; it refuses writes: `NOREPLICAS`), and once calls have gone
+//! unanswered for the patience window ([`ServerConnection::renew`]).
 //!
-//! [`ServerConnection`]: super::connection::ServerConnection
+//! [`ServerConnection`]: super::ServerConnection
+//! [`ServerConnection::renew`]: super::ServerConnection::renew
 
 use std::sync::Arc;
 
@@ -15,7 +16,7 @@ use redis::aio::ConnectionManager;
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use tokio::sync::Mutex;
 
-use super::connection::{Server, Settings};
+use super::server::{Server, Settings};
 use crate::error::NodeFailure;
 
 /// The sentinels that watch one master, and its name.
@@ -92,7 +93,7 @@ impl Sentinels {
                     Ok::<_, NodeFailure>(Server {
                         client: Some(Arc::new(client)),
                         addr,
-                        manager: crate::node::connection::Manager::Redis(manager),
+                        manager: super::server::Manager::Redis(manager),
                     })
                 }
             })
