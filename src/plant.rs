@@ -6,6 +6,8 @@
 /// `testing::plant_thread`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
+// Public through `testing` (feature `testing`); crate-private otherwise.
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub enum Plant {
     /// A failed extension to a shorter TTL keeps the lock's old expiry, although the nodes
     /// that applied it expire the keys sooner: a second owner gets in while the first still
