@@ -168,13 +168,15 @@ impl Scripts {
         if !self.compiled.contains_key(&sha) {
             // Compiled once per process: the other servers load its bytecode (every unit
             // test's fake node is a server of its own, and parsing the batch script each time
-            // cost half a millisecond).
+            // cost half a millisecond), in their own scripts' globals (without them, a second
+            // server ran a script that sets a global as if it were allowed).
             let cached = compiled_once().get(&sha).cloned();
             if let Some(bytecode) = cached {
                 let function = self
                     .lua
                     .load(&bytecode[..])
-                    .set_name("@user_script")
+                    .set_name(SCRIPT_NAME)
+                    .set_environment(self.env.clone())
                     .set_mode(mlua::chunk::ChunkMode::Binary)
                     .into_function()
                     .map_err(|e| reply::error(&format!("ERR Error loading script: {e}")))?;
