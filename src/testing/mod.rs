@@ -6,11 +6,14 @@
 #![cfg_attr(not(test), allow(dead_code, unused_imports))]
 
 mod commands;
+mod compare_delete;
 mod keyspace;
 mod lua;
+pub(crate) mod profile;
 mod reply;
 mod scan;
 pub(crate) mod server;
+mod set;
 mod sorted_set;
 mod tail;
 mod zset;
@@ -21,6 +24,8 @@ mod differential;
 mod differential_data;
 #[cfg(test)]
 mod differential_gen;
+#[cfg(test)]
+mod profile_tests;
 #[cfg(test)]
 mod script_tests;
 #[cfg(test)]
