@@ -25,6 +25,10 @@ mod differential_data;
 #[cfg(test)]
 mod differential_gen;
 #[cfg(test)]
+mod differential_plain;
+#[cfg(test)]
+mod differential_real;
+#[cfg(test)]
 mod profile_tests;
 #[cfg(test)]
 mod script_tests;
