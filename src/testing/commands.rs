@@ -9,7 +9,7 @@ use super::{reply, scan, zset};
 /// Runs the data command `name` (lower case) on `args` (the name first); an error reply for
 /// a command the simulated server does not know or the wrong number of arguments.
 pub(super) fn run(keys: &mut Keyspace, name: &str, args: &[Vec<u8>]) -> Value {
-    match spec(name) {
+    match spec(name, keys.profile) {
         Some(spec) if spec.fits(args.len()) => {}
         Some(spec) => return reply::arity(spec.name),
         None => return reply::error("ERR the simulated server has no such command"),

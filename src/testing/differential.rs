@@ -1,5 +1,7 @@
-//! The simulated server against a real `redis-server` (skipped, with a notice, when none is on
-//! `PATH`): seeded random sequences of the command forms redfence uses, of ad hoc scripts
+//! The simulated server of each [`Profile`] against its real server (Redis 7.0, Valkey 9.1,
+//! Redis 8.6; each test skipped, with a notice, when that server is not installed): first the
+//! identity a client reads (`INFO server`, `COMMAND INFO DELIFEQ DELEX`), then seeded random
+//! sequences of the command forms redfence uses, of ad hoc scripts
 //! (conversions, errors) and of redfence's scripts (`batch.lua` with random mixes of every
 //! kind of operation, the advisory and fencing scripts), sent to both; after each step the
 //! replies and every key's state (`TYPE`, `GET`, `ZRANGE 0 -1 WITHSCORES`, `PTTL`) must match.
@@ -8,9 +10,6 @@
 //! made from the server's time (13 digits and more: scores, markers) are masked; `PTTL` and
 //! the scripts that report time left match within 100 ms.
 
-use std::io::{BufReader, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::Value;
@@ -18,79 +17,8 @@ use redis::Value;
 use super::SimServer;
 use super::differential_data::{SCRIPTS, universe};
 use super::differential_gen::{Compare, Gen};
-
-/// A real `redis-server` on a free port of 127.0.0.1, stopped when dropped.
-struct Real {
-    child: Child,
-    writer: TcpStream,
-    reader: BufReader<TcpStream>,
-    parser: redis::Parser,
-}
-
-impl Real {
-    /// Starts one, or `None` when `redis-server` cannot be run.
-    fn start() -> Option<Real> {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .ok()?
-            .local_addr()
-            .ok()?
-            .port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
-        let mut child = Some(child);
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(10) {
-            if let Ok(stream) = TcpStream::connect(("127.0.0.1", port)) {
-                let reader = BufReader::new(stream.try_clone().ok()?);
-                return Some(Real {
-                    child: child.take()?,
-                    writer: stream,
-                    reader,
-                    parser: redis::Parser::new(),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if let Some(mut child) = child {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        None
-    }
-
-    /// Sends `commands` in one pipeline and reads their replies.
-    fn send(&mut self, commands: &[Vec<Vec<u8>>]) -> Vec<Value> {
-        let mut out = Vec::new();
-        for args in commands {
-            out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
-            for arg in args {
-                out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-                out.extend_from_slice(arg);
-                out.extend_from_slice(b"\r\n");
-            }
-        }
-        self.writer.write_all(&out).expect("write to redis-server");
-        (0..commands.len())
-            .map(|_| {
-                self.parser
-                    .parse_value(&mut self.reader)
-                    .expect("a reply from redis-server")
-            })
-            .collect()
-    }
-}
-
-impl Drop for Real {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use super::differential_real::{Real, binary, info_fields, major_minor};
+use super::profile::Profile;
 
 /// The wall clock in ms (the real server's clock).
 fn wall_ms() -> u64 {
@@ -227,14 +155,83 @@ fn show(args: &[Vec<u8>]) -> String {
         .join(" ")
 }
 
-#[test]
-fn the_simulated_server_answers_as_redis_server() {
-    let Some(mut real) = Real::start() else {
-        eprintln!("differential test skipped: no redis-server on PATH");
+/// The `INFO server` fields that name a server and its mode.
+const IDENTITY: &[&str] = &[
+    "redis_version",
+    "server_name",
+    "valkey_version",
+    "redis_mode",
+    "server_mode",
+];
+
+/// Checks that `sim` tells the client what `real` tells it: the `INFO server` fields that name
+/// the server (versions to the minor one), a run id and an uptime, and `COMMAND INFO DELIFEQ
+/// DELEX` (how a link detects compare-and-delete). `Err`: the real server is another version
+/// than the profile's (the test is skipped).
+fn same_identity(real: &mut Real, sim: &mut SimServer) -> Result<(), String> {
+    let info = ["INFO", "server"];
+    let real_fields = info_fields(&real.one(&info));
+    let sim_fields = info_fields(&sim.command(&info.map(|a| a.as_bytes().to_vec())));
+    let field = |fields: &[(String, String)], name: &str| {
+        fields
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    };
+    for name in ["redis_version", "valkey_version"] {
+        let (Some(sim_version), real_version) =
+            (field(&sim_fields, name), field(&real_fields, name))
+        else {
+            continue;
+        };
+        let real_version = real_version.unwrap_or_default();
+        if major_minor(&sim_version) != major_minor(&real_version) {
+            return Err(format!(
+                "its {name} is {real_version:?}, the {:?} profile's {sim_version}",
+                sim.profile()
+            ));
+        }
+    }
+    for name in IDENTITY {
+        let (sim_value, real_value) = (field(&sim_fields, name), field(&real_fields, name));
+        let same = match (&sim_value, &real_value) {
+            (Some(a), Some(b)) if name.ends_with("_version") => major_minor(a) == major_minor(b),
+            _ => sim_value == real_value,
+        };
+        assert!(
+            same,
+            "INFO server {name}: simulated {sim_value:?}, real {real_value:?}"
+        );
+    }
+    for fields in [&sim_fields, &real_fields] {
+        let run_id = field(fields, "run_id").unwrap_or_default();
+        assert!(run_id.len() == 40 && run_id.bytes().all(|b| b.is_ascii_hexdigit()));
+        let uptime = field(fields, "uptime_in_seconds").unwrap_or_default();
+        assert!(uptime.parse::<u64>().is_ok(), "uptime {uptime:?}");
+    }
+    let detection = ["COMMAND", "INFO", "DELIFEQ", "DELEX"];
+    let real_reply = real.one(&detection);
+    let sim_reply = sim.command(&detection.map(|a| a.as_bytes().to_vec()));
+    assert_eq!(sim_reply, real_reply, "COMMAND INFO DELIFEQ DELEX");
+    Ok(())
+}
+
+/// The differential test of `profile` against its real server (skipped, with a notice, when
+/// that server is not installed or is another version): the identity, the sweep of ad hoc
+/// scripts, then random cases for about 3 s (at least 50, at most 400), or for as many
+/// seconds as `REDFENCE_DIFFERENTIAL_SECS` says (without the cap: a longer exploration).
+fn differential(profile: Profile) {
+    let binary = binary(profile);
+    let Some(mut real) = Real::start(&binary) else {
+        eprintln!("differential test of {profile:?} skipped: no server at {binary}");
         return;
     };
     let started = Instant::now();
-    let mut sim = SimServer::new(wall_ms());
+    let mut sim = SimServer::with_profile(profile, wall_ms());
+    if let Err(why) = same_identity(&mut real, &mut sim) {
+        eprintln!("differential test of {profile:?} skipped: {binary}: {why}");
+        return;
+    }
     let state = state_commands();
     let state_args: Vec<Vec<Vec<u8>>> = state.iter().map(|(args, _)| args.clone()).collect();
     sim.set_time(wall_ms());
@@ -243,17 +240,21 @@ fn the_simulated_server_answers_as_redis_server() {
         let sim_reply = sim.command(&args);
         assert!(
             agree(&sim_reply, &real_reply, Compare::Exact),
-            "sweep: {}\n  simulated: {sim_reply:?}\n  redis:     {real_reply:?}",
+            "{profile:?} sweep: {}\n  simulated: {sim_reply:?}\n  real:      {real_reply:?}",
             show(&args),
         );
     }
     let (mut steps, mut cases) = (0, 0);
-    for case in 0..400_u64 {
-        if started.elapsed() > Duration::from_secs(4) && case >= 50 {
+    let asked = std::env::var("REDFENCE_DIFFERENTIAL_SECS")
+        .ok()
+        .and_then(|secs| secs.parse::<u64>().ok());
+    let (budget, cap) = asked.map_or((3, 400), |secs| (secs, u64::MAX));
+    for case in 0..cap {
+        if started.elapsed() > Duration::from_secs(budget) && case >= 50 {
             break;
         }
         cases += 1;
-        let mut generator = Gen::new(case);
+        let mut generator = Gen::new(case, profile);
         let mut history: Vec<String> = Vec::new();
         let mut setup = vec![vec![b"FLUSHALL".to_vec()]];
         setup.extend(
@@ -280,7 +281,7 @@ fn the_simulated_server_answers_as_redis_server() {
             let sim_reply = sim.command(&args);
             assert!(
                 agree(&sim_reply, &real_reply, compare),
-                "case {case} step {step}: {}\n  simulated: {sim_reply:?}\n  redis:     {real_reply:?}\n  history:\n    {}",
+                "{profile:?} case {case} step {step}: {}\n  simulated: {sim_reply:?}\n  real:      {real_reply:?}\n  history:\n    {}",
                 show(&args),
                 history.join("\n    "),
             );
@@ -288,7 +289,7 @@ fn the_simulated_server_answers_as_redis_server() {
                 let sim_reply = sim.command(args);
                 assert!(
                     agree(&sim_reply, &real_reply, *compare),
-                    "case {case} after step {step}: {}\n  simulated: {sim_reply:?}\n  redis:     {real_reply:?}\n  history:\n    {}",
+                    "{profile:?} case {case} after step {step}: {}\n  simulated: {sim_reply:?}\n  real:      {real_reply:?}\n  history:\n    {}",
                     show(args),
                     history.join("\n    "),
                 );
@@ -296,7 +297,22 @@ fn the_simulated_server_answers_as_redis_server() {
         }
     }
     eprintln!(
-        "differential: {cases} cases, {steps} steps in {:?}",
+        "differential {profile:?}: {cases} cases, {steps} steps in {:?}",
         started.elapsed()
     );
+}
+
+#[test]
+fn the_simulated_server_answers_as_redis_7() {
+    differential(Profile::Redis7);
+}
+
+#[test]
+fn the_simulated_server_answers_as_valkey_9() {
+    differential(Profile::Valkey9);
+}
+
+#[test]
+fn the_simulated_server_answers_as_redis_8() {
+    differential(Profile::Redis8);
 }

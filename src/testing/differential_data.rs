@@ -94,4 +94,7 @@ pub(super) const AD_HOC: &[&str] = &[
     "return redis.call({})",
     "return redis.call('EVAL', 'return 1', '0')",
     "return tostring(1e15) .. tostring(0.1) .. tostring(-0)",
+    "return redis.pcall('DELIFEQ', KEYS[1], ARGV[1])",
+    "return redis.pcall('DELEX', KEYS[1], 'IFEQ', ARGV[1])",
+    "return redis.pcall('SET', KEYS[1], ARGV[1], 'IFEQ', ARGV[1])",
 ];

@@ -4,6 +4,7 @@
 
 use super::differential_data::{AD_HOC, LOCKS, RW, SCRIPTS, universe};
 use super::lua::sha1_hex;
+use super::profile::Profile;
 
 /// How the two replies of a step are compared (after masking the server's time).
 #[derive(Clone, Copy, Debug)]
@@ -24,16 +25,19 @@ pub(super) enum Compare {
 pub(super) struct Gen {
     state: u64,
     /// What the case's steps are mostly: 0 a mix, 1 sorted sets, 2 batches, 3 strings and ad
-    /// hoc scripts.
+    /// hoc scripts, 4 plain commands beside batches.
     focus: u64,
+    /// The server the steps are for (the plain commands it has come up most).
+    pub(super) profile: Profile,
 }
 
 impl Gen {
-    /// The steps of case `seed`.
-    pub(super) fn new(seed: u64) -> Gen {
+    /// The steps of case `seed` on a server of `profile`.
+    pub(super) fn new(seed: u64, profile: Profile) -> Gen {
         let mut made = Gen {
             state: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
-            focus: seed % 4,
+            focus: seed % 5,
+            profile,
         };
         for _ in 0..4 {
             made.next();
@@ -50,17 +54,17 @@ impl Gen {
     }
 
     /// A number below `n`.
-    fn below(&mut self, n: usize) -> usize {
+    pub(super) fn below(&mut self, n: usize) -> usize {
         usize::try_from(self.next() % u64::try_from(n).unwrap_or(1)).unwrap_or(0)
     }
 
     /// One of `items`.
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
+    pub(super) fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
         items[self.below(items.len())]
     }
 
     /// Whether a 1-in-`n` chance came up.
-    fn one_in(&mut self, n: usize) -> bool {
+    pub(super) fn one_in(&mut self, n: usize) -> bool {
         self.below(n) == 0
     }
 
@@ -70,7 +74,7 @@ impl Gen {
     }
 
     /// A key of the universe, mostly one of those the scripts use.
-    fn key(&mut self) -> String {
+    pub(super) fn key(&mut self) -> String {
         let keys = universe();
         if self.one_in(3) {
             keys[self.below(keys.len())].clone()
@@ -104,14 +108,16 @@ impl Gen {
             1 => 14 + self.below(6),
             2 => self.below(8),
             3 => 8 + self.below(6),
-            _ => self.below(20),
+            4 => [self.below(6), 20, 20][self.below(3)],
+            _ => self.below(23),
         };
         let (words, compare) = match roll {
             0..=5 => (self.batch(), Compare::Exact),
             6..=7 => self.script(),
             8 => (self.ad_hoc(), Compare::Exact),
             9..=13 => self.string_command(),
-            _ => (self.zset_command(), Compare::Exact),
+            14..=19 => (self.zset_command(), Compare::Exact),
+            _ => (self.plain_command(), Compare::Exact),
         };
         (words.into_iter().map(String::into_bytes).collect(), compare)
     }

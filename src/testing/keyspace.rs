@@ -6,7 +6,8 @@ use std::collections::HashMap;
 
 use redis::Value;
 
-use super::reply::{self, bulk, not_integer, parse_int, syntax, wrong_type};
+use super::profile::Profile;
+use super::reply::{self, bulk, not_integer, parse_int, wrong_type};
 use super::sorted_set::ZSet;
 
 /// What a key holds.
@@ -33,6 +34,8 @@ pub(super) struct Keyspace {
     keys: HashMap<Vec<u8>, Entry>,
     /// The server's time, in ms.
     pub(super) now: u64,
+    /// Which server it answers as (its commands, `SET`'s conditions).
+    pub(super) profile: Profile,
 }
 
 /// A command this server knows: its name as Redis writes it in errors, and its arity (as
@@ -45,11 +48,14 @@ pub(super) struct Spec {
     pub(super) arity: i32,
 }
 
-/// The data commands and their arities (Redis 7.0's).
+/// The data commands and their arities (Redis 7.0's; `DELIFEQ` Valkey 9's, `DELEX` Redis
+/// 8.6's).
 const SPECS: &[(&str, i32)] = &[
     ("get", 2),
     ("set", -3),
     ("del", -2),
+    ("delifeq", 3),
+    ("delex", -2),
     ("exists", -2),
     ("pexpire", -3),
     ("pttl", 2),
@@ -72,11 +78,11 @@ const SPECS: &[(&str, i32)] = &[
     ("zcard", 2),
 ];
 
-/// The data command called `name` (lower case), if this server knows it.
-pub(super) fn spec(name: &str) -> Option<Spec> {
+/// The data command called `name` (lower case), if a server of `profile` knows it.
+pub(super) fn spec(name: &str, profile: Profile) -> Option<Spec> {
     SPECS
         .iter()
-        .find(|(known, _)| *known == name)
+        .find(|(known, _)| *known == name && profile.has(name))
         .map(|&(name, arity)| Spec { name, arity })
 }
 
@@ -94,11 +100,12 @@ impl Spec {
 }
 
 impl Keyspace {
-    /// No keys, the clock at `now` (ms).
-    pub(super) fn new(now: u64) -> Keyspace {
+    /// No keys, the clock at `now` (ms), answering as `profile`.
+    pub(super) fn new(now: u64, profile: Profile) -> Keyspace {
         Keyspace {
             keys: HashMap::new(),
             now,
+            profile,
         }
     }
 
@@ -163,6 +170,8 @@ impl Keyspace {
             },
             "set" => self.set(a),
             "del" => count(a.iter().filter(|key| self.remove(key)).count()),
+            "delifeq" => self.delifeq(a),
+            "delex" => self.delex(a),
             "exists" => count(a.iter().filter(|key| self.entry(key).is_some()).count()),
             "pexpire" => self.pexpire(a),
             "pttl" => Value::Int(self.pttl(&a[0])),
@@ -197,73 +206,6 @@ impl Keyspace {
             "dbsize" => count(self.live().count()),
             _ => return None,
         })
-    }
-
-    /// `SET key value [NX | XX] [GET] [EX s | PX ms | EXAT s | PXAT ms | KEEPTTL]`.
-    fn set(&mut self, a: &[Vec<u8>]) -> Value {
-        let (mut nx, mut xx, mut get, mut keep) = (false, false, false, false);
-        // The expiry option: its unit in ms, whether absolute, and its argument.
-        let mut expiry: Option<(u64, bool, &[u8])> = None;
-        let mut j = 2;
-        while j < a.len() {
-            let opt = a[j].to_ascii_lowercase();
-            let next = a.get(j + 1);
-            match (opt.as_slice(), next) {
-                (b"nx", _) if !xx => nx = true,
-                (b"xx", _) if !nx => xx = true,
-                (b"get", _) => get = true,
-                (b"keepttl", _) if expiry.is_none() => keep = true,
-                (b"ex" | b"px" | b"exat" | b"pxat", Some(next)) if !keep => {
-                    let unit = if opt[0] == b'e' { 1000 } else { 1 };
-                    let absolute = opt.len() == 4;
-                    if expiry.is_some_and(|(u, abs, _)| (u, abs) != (unit, absolute)) {
-                        return syntax();
-                    }
-                    expiry = Some((unit, absolute, next));
-                    j += 1;
-                }
-                _ => return syntax(),
-            }
-            j += 1;
-        }
-        let mut expires = None;
-        if let Some((unit, absolute, text)) = expiry {
-            let Some(n) = parse_int(text) else {
-                return not_integer();
-            };
-            let base = if absolute { 0 } else { self.now };
-            let at = u64::try_from(n)
-                .ok()
-                .filter(|&n| n > 0)
-                .and_then(|n| n.checked_mul(unit))
-                .and_then(|ms| ms.checked_add(base))
-                .filter(|&at| at <= i64::MAX as u64);
-            let Some(at) = at else {
-                return reply::error("ERR invalid expire time in 'set' command");
-            };
-            expires = Some(at);
-        }
-        let old = if get {
-            match self.string(&a[0]) {
-                Ok(old) => Some(old.map_or(Value::Nil, |v| bulk(v.clone()))),
-                Err(e) => return e,
-            }
-        } else {
-            None
-        };
-        let found = self.entry(&a[0]).is_some();
-        if (nx && found) || (xx && !found) {
-            return old.unwrap_or(Value::Nil);
-        }
-        if keep {
-            expires = self.entry(&a[0]).and_then(|entry| entry.expires);
-        }
-        let entry = Entry {
-            data: Data::Str(a[1].clone()),
-            expires,
-        };
-        self.insert(&a[0], entry);
-        old.unwrap_or_else(reply::ok)
     }
 
     /// `PEXPIRE key ms [NX | XX | GT | LT]`.

@@ -10,7 +10,8 @@ use redis::Value;
 
 use super::commands;
 use super::keyspace::{self, Keyspace};
-use super::reply::{self, g17};
+use super::profile::{Profile, ScriptError};
+use super::reply;
 use super::tail;
 
 /// The name of every script's chunk, as Redis 7.0 names it.
@@ -111,7 +112,7 @@ return function(f)
 end, env
 "##;
 
-/// Commands a script may not call (Redis: `This Redis command is not allowed from script`).
+/// Commands a script may not call (`This Redis command is not allowed from script`).
 const NOT_FROM_SCRIPTS: &[&str] = &["eval", "evalsha", "script", "multi", "exec", "watch"];
 
 /// One server's Lua state and the scripts it compiled, by sha1.
@@ -168,13 +169,15 @@ impl Scripts {
         if !self.compiled.contains_key(&sha) {
             // Compiled once per process: the other servers load its bytecode (every unit
             // test's fake node is a server of its own, and parsing the batch script each time
-            // cost half a millisecond).
+            // cost half a millisecond), in their own scripts' globals (without them, a second
+            // server ran a script that sets a global as if it were allowed).
             let cached = compiled_once().get(&sha).cloned();
             if let Some(bytecode) = cached {
                 let function = self
                     .lua
                     .load(&bytecode[..])
-                    .set_name("@user_script")
+                    .set_name(SCRIPT_NAME)
+                    .set_environment(self.env.clone())
                     .set_mode(mlua::chunk::ChunkMode::Binary)
                     .into_function()
                     .map_err(|e| reply::error(&format!("ERR Error loading script: {e}")))?;
@@ -228,9 +231,10 @@ impl Scripts {
         if let Some(back) = self.lua.remove_app_data::<Keyspace>() {
             *space = back;
         }
+        let profile = space.profile;
         Some(match outcome {
             Ok((true, value)) => from_lua(&value, 0),
-            Ok((false, value)) => uncaught(&value, sha),
+            Ok((false, value)) => uncaught(&value, sha, profile),
             Err(e) => reply::error(&format!("ERR the simulated server's Lua failed: {e}")),
         })
     }
@@ -255,8 +259,9 @@ impl Scripts {
 }
 
 /// The reply of an uncaught error (`err` from the handler, a table): `<err> script: <sha>, on
-/// <source>:<line>.`, as Redis 7.0's `luaCallFunction`.
-fn uncaught(err: &mlua::Value, sha: &str) -> Value {
+/// <source>:<line>.`, as Redis 7.0's `luaCallFunction` (`<err> script: on <source>:<line>.`
+/// on Valkey 9: see [`Profile::names_script_in_errors`]).
+fn uncaught(err: &mlua::Value, sha: &str, profile: Profile) -> Value {
     let mlua::Value::Table(table) = err else {
         return reply::error("ERR Error running script: execution failure");
     };
@@ -268,7 +273,11 @@ fn uncaught(err: &mlua::Value, sha: &str) -> Value {
     };
     let mut message = field("err").unwrap_or_default();
     if let (Some(line), Some(source)) = (field("line"), field("source")) {
-        message.extend_from_slice(format!(" script: {sha}, on ").as_bytes());
+        if profile.names_script_in_errors() {
+            message.extend_from_slice(format!(" script: {sha}, on ").as_bytes());
+        } else {
+            message.extend_from_slice(b" script: on ");
+        }
         message.extend_from_slice(&source);
         message.push(b':');
         message.extend_from_slice(&line);
@@ -310,21 +319,22 @@ fn user_frame(lua: &Lua) -> Option<(Option<String>, Option<i64>)> {
 /// `redis.call`'s and `redis.pcall`'s work: runs the command and returns its reply converted
 /// to Lua, and whether it is an error (then an `{err=...}` table).
 fn raw_call(lua: &Lua, args: MultiValue) -> mlua::Result<(mlua::Value, bool)> {
+    let profile = lua
+        .app_data_ref::<Keyspace>()
+        .map(|space| space.profile)
+        .unwrap_or_default();
+    let own = |error| reply::error(profile.script_error(error));
     let mut argv = Vec::with_capacity(args.len());
     for arg in args {
         match arg {
             mlua::Value::String(s) => argv.push(s.as_bytes().to_vec()),
-            mlua::Value::Integer(n) => argv.push(g17(n as f64).into_bytes()),
-            mlua::Value::Number(n) => argv.push(g17(n).into_bytes()),
-            _ => {
-                let message = "ERR Lua redis lib command arguments must be strings or integers";
-                return to_lua(lua, &reply::error(message));
-            }
+            mlua::Value::Integer(n) => argv.push(profile.double(n as f64).into_bytes()),
+            mlua::Value::Number(n) => argv.push(profile.double(n).into_bytes()),
+            _ => return to_lua(lua, &own(ScriptError::ArgumentType)),
         }
     }
     let Some(first) = argv.first() else {
-        let message = "ERR Please specify at least one argument for this redis lib call";
-        return to_lua(lua, &reply::error(message));
+        return to_lua(lua, &own(ScriptError::NoArguments));
     };
     let name = String::from_utf8_lossy(first).to_ascii_lowercase();
     if name == "__sha1hex" {
@@ -334,18 +344,16 @@ fn raw_call(lua: &Lua, args: MultiValue) -> mlua::Result<(mlua::Value, bool)> {
         return Ok((mlua::Value::String(lua.create_string(text)?), false));
     }
     let answer = if NOT_FROM_SCRIPTS.contains(&name.as_str()) {
-        reply::error("ERR This Redis command is not allowed from script")
+        own(ScriptError::NotAllowed)
     } else if name == "ping" {
         reply::status("PONG")
     } else {
-        match keyspace::spec(&name) {
-            None => reply::error("ERR Unknown Redis command called from script"),
-            Some(spec) if !spec.fits(argv.len()) => {
-                reply::error("ERR Wrong number of args calling Redis command from script")
-            }
-            Some(_) => match lua.app_data_mut::<Keyspace>() {
-                Some(mut space) => commands::run(&mut space, &name, &argv),
-                None => reply::error("ERR the simulated server's keys are away"),
+        match lua.app_data_mut::<Keyspace>() {
+            None => reply::error("ERR the simulated server's keys are away"),
+            Some(mut space) => match keyspace::spec(&name, space.profile) {
+                None => own(ScriptError::Unknown),
+                Some(spec) if !spec.fits(argv.len()) => own(ScriptError::Arity),
+                Some(_) => commands::run(&mut space, &name, &argv),
             },
         }
     };

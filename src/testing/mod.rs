@@ -36,12 +36,15 @@
 #![cfg_attr(not(test), allow(dead_code, unused_imports))]
 
 mod commands;
+mod compare_delete;
 mod keyspace;
 mod lua;
 mod network;
+pub(crate) mod profile;
 mod reply;
 mod scan;
 pub(crate) mod server;
+mod set;
 mod sorted_set;
 mod tail;
 mod zset;
@@ -52,6 +55,12 @@ mod differential;
 mod differential_data;
 #[cfg(test)]
 mod differential_gen;
+#[cfg(test)]
+mod differential_plain;
+#[cfg(test)]
+mod differential_real;
+#[cfg(test)]
+mod profile_tests;
 #[cfg(test)]
 mod script_tests;
 #[cfg(test)]

@@ -150,6 +150,46 @@ pub(super) fn g17(x: f64) -> String {
     trim_zeros(&format!("{x:.decimals$}")).to_owned()
 }
 
+/// A double as Redis 7.2 and later (Redis 8, Valkey) write one in a reply and pass a Lua
+/// number to a command: an integer within ±2^62 as an integer (`double2ll`, so `-0` is `0`),
+/// else fpconv's `emit_digits` over the shortest digits that read back the same (Rust's;
+/// fpconv's Grisu2 gives one digit more on rare values, such as 1e23).
+pub(super) fn shortest(x: f64) -> String {
+    if x.is_nan() {
+        return "nan".to_owned();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 { "inf" } else { "-inf" }.to_owned();
+    }
+    let limit = (i64::MAX / 2) as f64;
+    if (-limit..=limit).contains(&x) && x.fract() == 0.0 {
+        return format!("{}", x as i64);
+    }
+    let sci = format!("{:e}", x.abs());
+    let (mantissa, exponent) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    let exponent: i64 = exponent.parse().unwrap_or(0);
+    let n = i64::try_from(digits.len()).unwrap_or(1);
+    let k = exponent - (n - 1);
+    let sign = if x < 0.0 { "-" } else { "" };
+    let zeros = |count: i64| "0".repeat(usize::try_from(count).unwrap_or(0));
+    if k >= 0 && exponent < n + 7 {
+        return format!("{sign}{digits}{}", zeros(k));
+    }
+    if k < 0 && (k > -7 || exponent.abs() < 4) {
+        let point = n + k;
+        if point <= 0 {
+            return format!("{sign}0.{}{digits}", zeros(-point));
+        }
+        let (whole, fraction) = digits.split_at(usize::try_from(point).unwrap_or(0));
+        return format!("{sign}{whole}.{fraction}");
+    }
+    let (first, rest) = digits.split_at(1);
+    let point = if rest.is_empty() { "" } else { "." };
+    let exp_sign = if exponent < 0 { '-' } else { '+' };
+    format!("{sign}{first}{point}{rest}e{exp_sign}{}", exponent.abs())
+}
+
 /// `text` without the trailing zeros of its fraction (and without a bare `.`).
 fn trim_zeros(text: &str) -> &str {
     if text.contains('.') {
@@ -208,5 +248,38 @@ mod tests {
         assert_eq!(g17(0.0001), "0.0001");
         assert_eq!(g17(0.00001), "1.0000000000000001e-05");
         assert_eq!(g17(f64::INFINITY), "inf");
+    }
+
+    #[test]
+    fn doubles_as_redis_8_and_valkey_write_them() {
+        // Each as Redis 8.6 and Valkey 9.1 answered it (a score, or a Lua number SET).
+        for (x, text) in [
+            (0.1, "0.1"),
+            (1e20, "1e+20"),
+            (1e17, "100000000000000000"),
+            (-1e17, "-100000000000000000"),
+            (1e19, "1e+19"),
+            (1.2e20, "1.2e+20"),
+            (1.0 / 3.0, "0.3333333333333333"),
+            (123_456_789_012_345_678.0, "123456789012345680"),
+            (-0.0, "0"),
+            (1e-5, "0.00001"),
+            (1e-6, "0.000001"),
+            (1.5e-6, "1.5e-6"),
+            (1e-7, "1e-7"),
+            (1.5e300, "1.5e+300"),
+            (5e-324, "5e-324"),
+            (12_345_678_901_234_567_890.0, "12345678901234567000"),
+            (1.234_567_890_123_456_7e20, "123456789012345670000"),
+            (0.000123, "0.000123"),
+            (0.001234567, "0.001234567"),
+            (9_223_372_036_854_775_808.0, "9223372036854776000"),
+            (0.1 + 0.2, "0.30000000000000004"),
+            (1234567.125, "1234567.125"),
+            (-1.5, "-1.5"),
+            (f64::NEG_INFINITY, "-inf"),
+        ] {
+            assert_eq!(shortest(x), text, "{x:e}");
+        }
     }
 }

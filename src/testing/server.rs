@@ -1,5 +1,6 @@
-//! [`SimServer`]: one simulated Redis 7.0 server, its keys on a clock the caller drives, and
-//! its scripts run by an embedded Lua 5.1 (redfence's real scripts, as a server runs them).
+//! [`SimServer`]: one simulated server (Redis 7.0, or another [`Profile`]), its keys on a clock
+//! the caller drives, and its scripts run by an embedded Lua 5.1 (redfence's real scripts, as
+//! a server runs them).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,13 +10,15 @@ use redis::Value;
 use super::commands;
 use super::keyspace::{self, Keyspace};
 use super::lua::{Scripts, sha1_hex};
+pub(crate) use super::profile::Profile;
 use super::reply::{self, bulk, not_integer, parse_int};
 
 /// Servers made in this process, for distinct run ids.
 static SERVERS: AtomicU64 = AtomicU64::new(0);
 
-/// A simulated Redis server: answers [`SimServer::command`] as Redis 7.0 answers over RESP2,
-/// one command at a time (a script runs whole before the next command).
+/// A simulated server: answers [`SimServer::command`] as its [`Profile`]'s real server (Redis
+/// 7.0 by default) answers over RESP2, one command at a time (a script runs whole before the
+/// next command).
 #[derive(Debug)]
 pub(crate) struct SimServer {
     keys: Keyspace,
@@ -33,16 +36,27 @@ pub(crate) struct SimServer {
 }
 
 impl SimServer {
-    /// An empty server whose clock starts at `now_ms` (milliseconds; the caller drives time).
+    /// An empty Redis 7.0 server whose clock starts at `now_ms` (milliseconds; the caller
+    /// drives time).
     pub(crate) fn new(now_ms: u64) -> SimServer {
+        SimServer::with_profile(Profile::Redis7, now_ms)
+    }
+
+    /// An empty server answering as `profile`, its clock starting at `now_ms`.
+    pub(crate) fn with_profile(profile: Profile, now_ms: u64) -> SimServer {
         SimServer {
-            keys: Keyspace::new(now_ms),
+            keys: Keyspace::new(now_ms, profile),
             scripts: Scripts::new().ok(),
             serial: SERVERS.fetch_add(1, Ordering::Relaxed),
             restarts: 0,
             started_ms: now_ms,
             info: BTreeMap::new(),
         }
+    }
+
+    /// Which server it answers as.
+    pub(crate) fn profile(&self) -> Profile {
+        self.keys.profile
     }
 
     /// Sets the server's clock (monotonic from the caller; keys with PX expire by it).
@@ -78,8 +92,8 @@ impl SimServer {
         })
     }
 
-    /// Runs one command, given as its arguments (name first, any case), and answers as a
-    /// Redis 7 server would (RESP2, as redis-rs parses it).
+    /// Runs one command, given as its arguments (name first, any case), and answers as the
+    /// profile's server would (RESP2, as redis-rs parses it).
     pub(crate) fn command(&mut self, args: &[Vec<u8>]) -> Value {
         let Some(first) = args.first() else {
             return reply::error("ERR unknown command '', with args beginning with: ");
@@ -102,7 +116,9 @@ impl SimServer {
                 self.keys.clear();
                 reply::ok()
             }
-            _ if keyspace::spec(&name).is_some() => commands::run(&mut self.keys, &name, args),
+            _ if keyspace::spec(&name, self.keys.profile).is_some() => {
+                commands::run(&mut self.keys, &name, args)
+            }
             _ => unknown(args),
         }
     }
@@ -147,7 +163,7 @@ impl SimServer {
         let (keys, argv) = args.split_at(numkeys);
         scripts
             .run(&sha, keys, argv, &mut self.keys)
-            .unwrap_or_else(|| reply::error("NOSCRIPT No matching script. Please use EVAL."))
+            .unwrap_or_else(|| reply::error(self.keys.profile.noscript()))
     }
 
     /// `SCRIPT LOAD source`, `SCRIPT EXISTS sha1...`, `SCRIPT FLUSH`.
@@ -180,11 +196,20 @@ impl SimServer {
         }
     }
 
-    /// `COMMAND INFO name...`: a nil for each command (this server reports none, so a link
-    /// finds no `DELIFEQ` / `DELEX` on it, as on Redis 7.0).
+    /// `COMMAND INFO name...`: the real server's entry for the compare-and-delete command of
+    /// the profile (`DELIFEQ` on Valkey 9, `DELEX` on Redis 8), a nil for any other, so that a
+    /// link detects what it detects on the real server.
     fn command_info(&self, args: &[Vec<u8>]) -> Value {
         match args.get(1).map(|sub| sub.to_ascii_lowercase()) {
-            Some(sub) if sub == b"info" => Value::Array(vec![Value::Nil; args.len() - 2]),
+            Some(sub) if sub == b"info" => Value::Array(
+                args[2..]
+                    .iter()
+                    .map(|name| {
+                        let name = String::from_utf8_lossy(name).to_ascii_lowercase();
+                        self.keys.profile.command_info(&name)
+                    })
+                    .collect(),
+            ),
             _ => reply::error("ERR the simulated server answers only COMMAND INFO"),
         }
     }
@@ -195,16 +220,10 @@ impl SimServer {
         let replid =
             sha1_hex(format!("redfence-sim repl {} {}", self.serial, self.restarts).as_bytes());
         let run_id = self.run_id();
+        let mut server = self.keys.profile.server_fields().to_vec();
+        server.extend([("run_id", run_id.as_str()), ("uptime_in_seconds", &uptime)]);
         let all: [(&str, Vec<(&str, &str)>); 4] = [
-            (
-                "server",
-                vec![
-                    ("redis_version", "7.0.15"),
-                    ("redis_mode", "standalone"),
-                    ("run_id", &run_id),
-                    ("uptime_in_seconds", &uptime),
-                ],
-            ),
+            ("server", server),
             ("memory", vec![("maxmemory_policy", "noeviction")]),
             ("stats", vec![("evicted_keys", "0")]),
             (
@@ -237,7 +256,8 @@ impl SimServer {
     }
 }
 
-/// `ERR unknown command`, as Redis 7.0 writes it (the arguments up to about 128 bytes).
+/// `ERR unknown command`, as Redis 7.0 writes it (the arguments up to about 128 bytes), and
+/// Valkey 9.1 and Redis 8.6 alike.
 fn unknown(args: &[Vec<u8>]) -> Value {
     let name: String = String::from_utf8_lossy(&args[0])
         .chars()

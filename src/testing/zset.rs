@@ -4,7 +4,7 @@
 use redis::Value;
 
 use super::keyspace::{Data, Entry, Keyspace, count};
-use super::reply::{self, bulk, g17, not_integer, parse_float, parse_int, syntax};
+use super::reply::{self, bulk, not_integer, parse_float, parse_int, syntax};
 use super::sorted_set::ZSet;
 
 /// A score range of `ZRANGEBYSCORE` and `ZREMRANGEBYSCORE`: bounds, each maybe exclusive.
@@ -68,7 +68,7 @@ pub(super) fn run(keys: &mut Keyspace, name: &str, a: &[Vec<u8>]) -> Value {
         "zscore" => match keys.zset(&a[0]) {
             Ok(set) => set
                 .and_then(|set| set.score(&a[1]))
-                .map_or(Value::Nil, |s| bulk(g17(s))),
+                .map_or(Value::Nil, |s| bulk(keys.profile.double(s))),
             Err(e) => e,
         },
         "zcard" => match keys.zset(&a[0]) {
@@ -168,7 +168,7 @@ fn zadd(keys: &mut Keyspace, a: &[Vec<u8>]) -> Value {
         }
     }
     if incr {
-        return last.map_or(Value::Nil, |s| bulk(g17(s)));
+        return last.map_or(Value::Nil, |s| bulk(keys.profile.double(s)));
     }
     count(if ch { added + updated } else { added })
 }
@@ -250,7 +250,7 @@ fn zrange(keys: &Keyspace, a: &[Vec<u8>], by_score: bool) -> Value {
     for (member, s) in rows {
         out.push(bulk(member.to_vec()));
         if withscores {
-            out.push(bulk(g17(s)));
+            out.push(bulk(keys.profile.double(s)));
         }
     }
     Value::Array(out)
