@@ -45,6 +45,8 @@ pub struct Options {
     pub plant: Option<Plant>,
     /// Record the trace.
     pub trace: bool,
+    /// The servers' profile for every seed (by default each seed draws one).
+    pub profile: Option<redfence::testing::Profile>,
 }
 
 /// Runs the seed `seed`.
@@ -74,8 +76,12 @@ pub fn run_seed(seed: u64, options: Options) -> Outcome {
 }
 
 async fn run(seed: u64, options: Options) -> Outcome {
-    let scenario = Arc::new(Scenario::of(seed));
-    let servers = SimServers::with_seed(scenario.servers, seed);
+    let mut scenario = Scenario::of(seed);
+    if let Some(profile) = options.profile {
+        scenario.profile = profile;
+    }
+    let scenario = Arc::new(scenario);
+    let servers = SimServers::with_profile(scenario.servers, seed, scenario.profile);
     if options.trace {
         servers.trace();
     }
@@ -90,6 +96,8 @@ async fn run(seed: u64, options: Options) -> Outcome {
         let mut builder = Redlock::builder()
             .nodes(servers.addrs())
             .node_timeout(scenario.node_timeout)
+            .automatic_extension_threshold(scenario.threshold)
+            .native_commands(scenario.native_commands)
             .acquire_timeout(scenario.acquire_timeout)
             .backoff(Backoff::fixed(scenario.ttl / 8, scenario.ttl / 16).retries(1_000))
             .fencing(Arc::clone(&counter))
@@ -139,15 +147,24 @@ async fn run(seed: u64, options: Options) -> Outcome {
     for redlock in &clients {
         redlock.close().await;
     }
-    // Past any server clock's drift over a TTL: the keys a release gave up on are gone too.
-    tokio::time::sleep(scenario.ttl / 50 + Duration::from_millis(2)).await;
+    for (server, key, token) in servers.ghosts() {
+        violations.push(format!(
+            "server {server} set {key} to {} after its release had run there",
+            token.get(..8).unwrap_or(&token)
+        ));
+    }
+    // Past the longest TTL (an extension may double it) and any server clock's drift over it:
+    // every key a release gave up on has expired by then.
+    tokio::time::sleep(scenario.ttl * 2 + scenario.ttl / 25 + Duration::from_millis(2)).await;
     let leftovers: Vec<String> = (0..scenario.servers)
         .flat_map(|index| {
             servers
                 .keys(index)
                 .into_iter()
                 .filter(|key| scenario.resources.contains(key))
-                .map(move |key| format!("server {index} still holds {key} after close()"))
+                .map(move |key| {
+                    format!("server {index} still holds {key} after close() and the longest TTL")
+                })
         })
         .collect();
     let record = history.record();

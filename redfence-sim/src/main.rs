@@ -1,8 +1,8 @@
 //! `redfence-sim`: runs seeds of the deterministic simulation.
 //!
 //! ```text
-//! redfence-sim --seeds N --first-seed S [--plant NAME] [--jobs J]
-//! redfence-sim --seed S --trace [--plant NAME]
+//! redfence-sim --seeds N --first-seed S [--plant NAME] [--profile P] [--jobs J]
+//! redfence-sim --seed S --trace [--plant NAME] [--profile P]
 //! ```
 //!
 //! Plants (historical bugs put back): `shortening-extend`, `release-overtakes-acquire`.
@@ -13,12 +13,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use redfence::testing::Plant;
+use redfence::testing::{Plant, Profile};
 use redfence_sim::{Options, Outcome, run_seed};
 
-const USAGE: &str = "usage: redfence-sim --seeds N --first-seed S [--plant NAME] [--jobs J]\n       \
-                     redfence-sim --seed S --trace [--plant NAME]\n\
-                     plants: shortening-extend, release-overtakes-acquire";
+const USAGE: &str = "usage: redfence-sim --seeds N --first-seed S [--plant NAME] [--profile P] [--jobs J]\n       \
+                     redfence-sim --seed S --trace [--plant NAME] [--profile P]\n\
+                     plants: shortening-extend, release-overtakes-acquire\n\
+                     profiles: redis7, valkey9, redis8 (by default each seed draws one)";
 
 /// What the command line asks for.
 struct Args {
@@ -26,6 +27,7 @@ struct Args {
     first: u64,
     trace: bool,
     plant: Option<Plant>,
+    profile: Option<Profile>,
     jobs: usize,
 }
 
@@ -35,6 +37,7 @@ fn parse() -> Result<Args, String> {
         first: 0,
         trace: false,
         plant: None,
+        profile: None,
         jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
     let mut words = std::env::args().skip(1);
@@ -54,6 +57,14 @@ fn parse() -> Result<Args, String> {
                     Some("shortening-extend") => Plant::ShorteningExtend,
                     Some("release-overtakes-acquire") => Plant::ReleaseOvertakesAcquire,
                     other => return Err(format!("unknown plant {other:?}")),
+                });
+            }
+            "--profile" => {
+                args.profile = Some(match words.next().as_deref() {
+                    Some("redis7") => Profile::Redis7,
+                    Some("valkey9") => Profile::Valkey9,
+                    Some("redis8") => Profile::Redis8,
+                    other => return Err(format!("unknown profile {other:?}")),
                 });
             }
             "-h" | "--help" => return Err(String::new()),
@@ -83,6 +94,7 @@ fn main() -> ExitCode {
             Options {
                 plant: args.plant,
                 trace: true,
+                profile: args.profile,
             },
         );
         for line in &outcome.trace {
@@ -110,6 +122,7 @@ fn explore(args: &Args) -> ExitCode {
     let options = Options {
         plant: args.plant,
         trace: false,
+        profile: args.profile,
     };
     std::thread::scope(|scope| {
         for _ in 0..args.jobs {
@@ -164,7 +177,7 @@ fn explore(args: &Args) -> ExitCode {
             first.seed - args.first + 1,
             args.first,
             first.seed,
-            plant_flag(args.plant)
+            replay_flags(args)
         );
     }
     let seconds = started.elapsed().as_secs_f64();
@@ -182,11 +195,18 @@ fn explore(args: &Args) -> ExitCode {
     }
 }
 
-/// The `--plant` flag that replays `plant`.
-fn plant_flag(plant: Option<Plant>) -> &'static str {
-    match plant {
+/// The flags that replay a seed of this run: its plant and its profile.
+fn replay_flags(args: &Args) -> String {
+    let plant = match args.plant {
         Some(Plant::ShorteningExtend) => " --plant shortening-extend",
         Some(Plant::ReleaseOvertakesAcquire) => " --plant release-overtakes-acquire",
         _ => "",
-    }
+    };
+    let profile = match args.profile {
+        Some(Profile::Redis7) => " --profile redis7",
+        Some(Profile::Valkey9) => " --profile valkey9",
+        Some(Profile::Redis8) => " --profile redis8",
+        _ => "",
+    };
+    format!("{plant}{profile}")
 }

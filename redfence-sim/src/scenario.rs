@@ -4,17 +4,24 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use redfence::testing::SimFault;
+use redfence::testing::{Profile, SimFault};
 
 /// What a run does: its clients, their settings, the faults and when.
 #[derive(Debug)]
 pub struct Scenario {
     pub seed: u64,
+    /// Which server every simulated server answers as (Valkey 9.1 and Redis 8.6 take the
+    /// plain commands).
+    pub profile: Profile,
+    /// Whether single-key locks go as plain commands where the servers have them.
+    pub native_commands: bool,
     pub servers: usize,
     pub clients: usize,
     /// Operations per client.
     pub ops: usize,
     pub ttl: Duration,
+    /// When `using()` extends: this long before the validity ends.
+    pub threshold: Duration,
     pub node_timeout: Duration,
     pub acquire_timeout: Duration,
     pub fencing_timeout: Duration,
@@ -111,12 +118,22 @@ impl Scenario {
             faults.push((at, fault));
         }
         faults.sort_by_key(|(at, _)| *at);
+        let threshold = ttl.mul_f64(rng.random_range(0.2..0.5));
+        let profile = match rng.random_range(0..3) {
+            0 => Profile::Redis7,
+            1 => Profile::Valkey9,
+            _ => Profile::Redis8,
+        };
+        let native_commands = rng.random_bool(0.6);
         Scenario {
             seed,
+            profile,
+            native_commands,
             servers,
             clients,
             ops: rng.random_range(3..=8),
             ttl,
+            threshold,
             node_timeout,
             acquire_timeout: ttl * 2,
             fencing_timeout: Duration::from_millis(50),
@@ -130,10 +147,14 @@ impl Scenario {
         }
     }
 
-    /// How long an acquire may take: its deadline, then the attempt under way (the nodes'
-    /// timeout and the counter's), with a millisecond of slack.
+    /// How long an acquire may take: its deadline, then the attempt under way: its round
+    /// (the nodes' timeout, and as much again for a call it waited behind in a node's queue)
+    /// and the counter's timeout, with a millisecond of slack.
     pub fn acquire_bound(&self) -> Duration {
-        self.acquire_timeout + self.node_timeout + self.fencing_timeout + Duration::from_millis(1)
+        self.acquire_timeout
+            + self.node_timeout * 2
+            + self.fencing_timeout
+            + Duration::from_millis(1)
     }
 }
 

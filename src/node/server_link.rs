@@ -42,6 +42,11 @@ pub(super) struct ServerLink {
     plan: Plan,
     /// The connection's generation and since when calls on it have gone unanswered.
     stalled: Option<(u64, tokio::time::Instant)>,
+    /// Whether the last call went unanswered (timed out, or its connection was lost): an
+    /// extension sent then does not repair a missing key. It may run long after, when the
+    /// server resumes, after its lock ended and its release was given up, and would set the
+    /// key again for a whole TTL.
+    hung: bool,
 }
 
 impl ServerLink {
@@ -57,6 +62,7 @@ impl ServerLink {
             support: native_commands.then_some((0, None)),
             plan: Plan::default(),
             stalled: None,
+            hung: false,
         }
     }
 
@@ -162,7 +168,7 @@ impl ServerLink {
             // An extension refused by a plain command (the key missing, or another owner's)
             // runs again in the script, which sets a missing key again ("E") on a server out
             // of quarantine.
-            let repair = self.identity.repairs();
+            let repair = self.repairs();
             if repair {
                 for (index, run) in runs.iter().enumerate() {
                     if run.req.op == Op::Extend
@@ -333,7 +339,7 @@ impl ServerLink {
     /// and reading the server's memory marker where `runs` ask for votes (see
     /// [`marker_to_check`]); the marker id expected, if it is read.
     fn write(&mut self, runs: &[Run]) -> Option<String> {
-        let repair = self.identity.repairs();
+        let repair = self.repairs();
         let marker = marker_to_check(&self.identity, runs);
         write_call(
             runs.iter(),
@@ -414,9 +420,18 @@ impl Link for ServerLink {
 }
 
 impl ServerLink {
+    /// Whether extensions sent now repair a missing key: on a server out of quarantine that
+    /// answered the last call.
+    fn repairs(&self) -> bool {
+        self.identity.repairs() && !self.hung
+    }
+
     /// Notes how a batch ended: a Sentinel source is asked again once calls on one
     /// connection have gone unanswered for [`PATIENCE`] (a timeout, batch after batch).
     fn patience(&mut self, result: &Result<Replies, NodeFailure>) {
+        self.hung = result
+            .as_ref()
+            .is_err_and(|failure| matches!(failure.class(), Class::Unanswered | Class::Lost));
         if !self.connection.asks_again() {
             return;
         }

@@ -68,6 +68,7 @@ mod tests;
 
 pub(crate) use network::{SimEndpoint, Wire};
 pub use network::{SimFault, SimServers};
+pub use profile::Profile;
 
 /// Makes this thread a simulation's: from now on every random choice redfence makes on it
 /// (lock tokens, retry jitter, a semaphore's first slot, identities) comes from `seed`, and

@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::SimServer;
+use super::profile::Profile;
 
 /// What a simulated server's clock reads when the set starts (some day in 2023, in ms since
 /// the Unix epoch), so that `TIME` looks like a real clock.
@@ -45,7 +46,8 @@ pub enum SimFault {
     },
 }
 
-/// A set of simulated Redis 7 servers for a `Redlock` to vote over, driven by Tokio's clock.
+/// A set of simulated Redis servers (7.0 by default; Valkey 9.1 or Redis 8.6 by
+/// [`with_profile`](Self::with_profile)) for a `Redlock` to vote over, driven by Tokio's clock.
 ///
 /// Build a client over them with [`SimServers::addrs`] and the usual builder, then steer the
 /// servers: pause one, restart it, expire a lock, shift its clock. Create the set inside the
@@ -81,6 +83,8 @@ pub(crate) struct Network {
     started: Instant,
     /// The requests run, as lines, when tracing.
     trace: Mutex<Option<Vec<String>>>,
+    /// Keys set to a token after its release ran on the server: (server, key, token).
+    ghosts: Mutex<Vec<(usize, String, String)>>,
     /// Numbers the connections.
     connections: AtomicU64,
 }
@@ -107,6 +111,9 @@ struct Node {
     rate: f64,
     /// Faults for the next requests, in order.
     faults: VecDeque<SimFault>,
+    /// The tokens whose release has run here: a key set to one of them afterwards is a
+    /// ghost (a lock's release overtaken by its own earlier request).
+    released: std::collections::BTreeSet<Vec<u8>>,
 }
 
 /// A request on its way to a server: its commands (a pipeline, or one).
@@ -133,11 +140,19 @@ impl SimServers {
 
     /// `n` healthy servers whose latencies are drawn from `seed`.
     pub fn with_seed(n: usize, seed: u64) -> Self {
+        Self::with_profile(n, seed, Profile::Redis7)
+    }
+
+    /// `n` healthy servers that answer as `profile` does (its plain commands, its `INFO`),
+    /// their latencies drawn from `seed`.
+    pub fn with_profile(n: usize, seed: u64, profile: Profile) -> Self {
         let now = Instant::now();
         let nodes = (0..n)
-            .map(|_| {
+            .map(|index| {
+                let mut server = SimServer::with_profile(profile, EPOCH_MS);
+                server.set_serial(index as u64);
                 Mutex::new(Node {
-                    server: SimServer::new(EPOCH_MS),
+                    server,
                     inbox: VecDeque::new(),
                     wake: Arc::new(Notify::new()),
                     driver: None,
@@ -148,6 +163,7 @@ impl SimServers {
                     offset_ms: 0,
                     rate: 1.0,
                     faults: VecDeque::new(),
+                    released: std::collections::BTreeSet::new(),
                 })
             })
             .collect();
@@ -157,6 +173,7 @@ impl SimServers {
                 rng: Mutex::new(StdRng::seed_from_u64(seed)),
                 started: now,
                 trace: Mutex::new(None),
+                ghosts: Mutex::new(Vec::new()),
                 connections: AtomicU64::new(0),
             }),
         }
@@ -298,6 +315,12 @@ impl SimServers {
         };
         keys.sort();
         keys
+    }
+
+    /// Keys that were set to a lock's token after that lock's release had run on their
+    /// server (a release overtaken by its own acquire or extension): (server, key, token).
+    pub fn ghosts(&self) -> Vec<(usize, String, String)> {
+        lock(&self.net.ghosts).clone()
     }
 
     /// Starts recording every request the servers run (see [`take_trace`](Self::take_trace)).
@@ -463,15 +486,21 @@ impl Network {
                 &delivery.commands,
                 "LOADING Redis is loading the dataset in memory",
             ),
-            Some(SimFault::Oom) => refuse(
+            // Over maxmemory a server refuses what adds data (a `SET`, a script that sets a
+            // key); it still deletes and expires, so releases and extensions go through.
+            Some(SimFault::Oom) if delivery.commands.iter().any(|args| adds_data(args)) => refuse(
                 &delivery.commands,
                 "OOM command not allowed when used memory > 'maxmemory'.",
             ),
-            _ => delivery
-                .commands
-                .iter()
-                .map(|args| node.server.command(args))
-                .collect(),
+            _ => {
+                let replies = delivery
+                    .commands
+                    .iter()
+                    .map(|args| node.server.command(args))
+                    .collect();
+                self.watch(index, node, &delivery.commands);
+                replies
+            }
         };
         self.record(index, &delivery, &replies, applied, broken);
         if broken || matches!(delivery.fault, Some(SimFault::Reset { .. })) {
@@ -483,6 +512,36 @@ impl Network {
         let order = node.lines.entry(delivery.line).or_insert((now, now));
         order.1 = (now + latency).max(order.1);
         let _ = delivery.reply.send((replies, order.1));
+    }
+
+    /// Notes the releases among `commands` (run on `node`, server `index`) and any key they
+    /// name that now holds a token released there before: a ghost.
+    fn watch(&self, index: usize, node: &mut Node, commands: &[Vec<Vec<u8>>]) {
+        let mut named: Vec<&[u8]> = Vec::new();
+        for args in commands {
+            let (keys, released) = releases(args);
+            named.extend(keys);
+            let holds = |node: &Node, key: &[u8]| {
+                node.server
+                    .get(&String::from_utf8_lossy(key))
+                    .filter(|value| node.released.contains(value))
+            };
+            for key in &named {
+                if let Some(token) = holds(node, key) {
+                    let ghost = (
+                        index,
+                        String::from_utf8_lossy(key).into_owned(),
+                        String::from_utf8_lossy(&token).into_owned(),
+                    );
+                    let mut ghosts = lock(&self.ghosts);
+                    if !ghosts.contains(&ghost) {
+                        ghosts.push(ghost);
+                    }
+                }
+            }
+            named.clear();
+            node.released.extend(released);
+        }
     }
 
     /// Records one request in the trace, when tracing.
@@ -499,8 +558,9 @@ impl Network {
             return;
         };
         let mut line = format!(
-            "{:>10.3}ms s{index} ",
-            self.started.elapsed().as_secs_f64() * 1000.0
+            "{:>10.3}ms s{index} c{} ",
+            self.started.elapsed().as_secs_f64() * 1000.0,
+            delivery.line
         );
         let names: Vec<String> = delivery
             .commands
@@ -577,6 +637,80 @@ fn summarize(replies: &[Value]) -> String {
         format!("{cut}…")
     } else {
         text
+    }
+}
+
+/// The keys a command names and the tokens it releases: a call of the batch script
+/// (`r`, `R` and `n` operations; see `scripts/batch.lua`) or a plain compare-and-delete.
+fn releases(args: &[Vec<u8>]) -> (Vec<&[u8]>, Vec<Vec<u8>>) {
+    let name = args
+        .first()
+        .map(|n| n.to_ascii_uppercase())
+        .unwrap_or_default();
+    let arg = |i: usize| args.get(i).map(Vec::as_slice).unwrap_or_default();
+    match name.as_slice() {
+        b"DELIFEQ" => (vec![arg(1)], vec![arg(2).to_vec()]),
+        b"DELEX" if arg(2).eq_ignore_ascii_case(b"IFEQ") => (vec![arg(1)], vec![arg(3).to_vec()]),
+        b"SET" => (vec![arg(1)], Vec::new()),
+        b"EVALSHA" | b"EVAL" => {
+            let count = |i: usize| {
+                std::str::from_utf8(arg(i))
+                    .ok()
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .unwrap_or(0)
+            };
+            let keys = count(2);
+            let named: Vec<&[u8]> = (3..3 + keys).map(arg).collect();
+            let mut released = Vec::new();
+            // Only the batch script's operations have this shape; other scripts name keys.
+            let mut i = 3 + keys;
+            let mut key = 0;
+            while i + 3 < args.len() {
+                let kind = arg(i);
+                let n = count(i + 3);
+                if matches!(kind, b"r" | b"R" | b"n") {
+                    released.push(arg(i + 1).to_vec());
+                }
+                key += n;
+                i += 4 + match kind {
+                    b"f" | b"l" | b"R" => 3,
+                    k if k.len() == 2 => 2,
+                    _ => 0,
+                };
+            }
+            let _ = key;
+            (named, released)
+        }
+        _ => (Vec::new(), Vec::new()),
+    }
+}
+
+/// Whether a command may add data (what a server over its memory limit refuses): a `SET`,
+/// or a call of redfence's scripts that acquires (batch operations `a`, `f`, `ra`, `wa`), sets
+/// missing keys again (`E`) or writes the memory marker (`scripts/memory.lua`, whose first key
+/// is the marker).
+fn adds_data(args: &[Vec<u8>]) -> bool {
+    let name = args
+        .first()
+        .map(|n| n.to_ascii_uppercase())
+        .unwrap_or_default();
+    match name.as_slice() {
+        b"SET" => true,
+        b"EVALSHA" | b"EVAL" => {
+            let keys = args
+                .get(2)
+                .and_then(|n| std::str::from_utf8(n).ok()?.parse::<usize>().ok())
+                .unwrap_or(0);
+            let marker_first = args
+                .get(3)
+                .is_some_and(|key| key.ends_with(b"redfence:memory"));
+            let argv = args.get(3 + keys..).unwrap_or_default();
+            marker_first
+                || argv
+                    .iter()
+                    .any(|arg| matches!(arg.as_slice(), b"a" | b"f" | b"E" | b"ra" | b"wa"))
+        }
+        _ => false,
     }
 }
 

@@ -23,9 +23,10 @@ pub(super) enum ScriptError {
     NotAllowed,
 }
 
-/// Which real server a [`SimServer`](super::SimServer) answers as.
+/// Which real server a simulated server answers as (see [`SimServers::with_profile`](super::SimServers::with_profile)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub(crate) enum Profile {
+#[non_exhaustive]
+pub enum Profile {
     /// Redis 7.0.15: no compare-and-delete, `SET` without conditions (the script does it all).
     #[default]
     Redis7,

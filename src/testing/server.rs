@@ -59,6 +59,12 @@ impl SimServer {
         self.keys.profile
     }
 
+    /// Names its runs after `serial` instead of the order servers were made in this process
+    /// (run ids then repeat from one process to the next, as a replayed simulation needs).
+    pub(crate) fn set_serial(&mut self, serial: u64) {
+        self.serial = serial;
+    }
+
     /// Sets the server's clock (monotonic from the caller; keys with PX expire by it).
     pub(crate) fn set_time(&mut self, now_ms: u64) {
         self.keys.now = now_ms;
