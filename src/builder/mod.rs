@@ -13,12 +13,12 @@ use crate::fence::FencingCounter;
 use crate::inner::Shared;
 use crate::memory::MemoryBook;
 use crate::node::Voter;
-#[cfg(test)]
-use crate::node::fake::{Fake, FakeNode};
 use crate::node_addr::NodeAddr;
 use crate::redlock::Redlock;
 use crate::resource_type::ResourceType;
 use crate::retry::Backoff;
+#[cfg(test)]
+use crate::testing::fake::{Fake, FakeNode};
 
 /// Builds a [`Redlock`]. Every option has a documented default; nothing is checked until
 /// [`build`](RedlockBuilder::build), which validates everything at once.
@@ -359,7 +359,7 @@ impl RedlockBuilder {
     /// returns the fakes too (to steer and inspect them).
     #[cfg(test)]
     pub(crate) fn build_over_fakes(self, n: usize) -> (Vec<Arc<FakeNode>>, Redlock) {
-        let (fakes, nodes) = crate::node::fake::fakes(&vec![Fake::Real; n]);
+        let (fakes, nodes) = crate::testing::fake::fakes(&vec![Fake::Real; n]);
         for fake in &fakes {
             fake.set_timeout(self.config.node_timeout);
         }

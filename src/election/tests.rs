@@ -12,7 +12,7 @@ use super::timing::Timing;
 use super::*;
 use crate::error::{ConfigError, LossReason};
 use crate::node::Op;
-use crate::node::fake::{Fake, FakeNode};
+use crate::testing::fake::{Fake, FakeNode};
 use crate::{MemoryCounter, Redlock, RedlockBuilder};
 
 const S: Duration = Duration::from_secs(1);

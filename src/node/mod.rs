@@ -1,14 +1,12 @@
 //! One lock server as the quorum logic sees it: the [`Node`] trait, the request it runs, and
 //! its Redis implementation. Unit tests run the same logic over fake nodes.
 
-mod advisory;
-mod batch;
+pub(crate) mod advisory;
+pub(crate) mod batch;
 #[cfg(feature = "cluster")]
 mod cluster;
-#[cfg(test)]
-pub(crate) mod fake;
 mod plain;
-mod queue;
+pub(crate) mod queue;
 mod redis;
 mod server_link;
 

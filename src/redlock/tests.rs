@@ -13,7 +13,7 @@ use super::*;
 use crate::error::{BoxError, FencingError, LossReason};
 use crate::fence::FencingCounter;
 use crate::node::Op;
-use crate::node::fake::{Fake, FakeNode};
+use crate::testing::fake::{Fake, FakeNode};
 use crate::{Backoff, RedlockBuilder};
 
 const MS: Duration = Duration::from_millis(1);

@@ -37,6 +37,8 @@
 
 mod commands;
 mod compare_delete;
+#[cfg(test)]
+pub(crate) mod fake;
 mod keyspace;
 mod lua;
 mod network;

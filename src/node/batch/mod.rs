@@ -18,7 +18,7 @@ use crate::error::{Class, NodeFailure};
 
 const BATCH_SOURCE: &str = include_str!("../../scripts/batch.lua");
 /// The batch script, for the links that send it.
-pub(super) static BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(BATCH_SOURCE));
+pub(crate) static BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(BATCH_SOURCE));
 
 /// How long a link to a voter found through others (a Cluster, a Sentinel group) keeps its
 /// connection while calls on it go unanswered, before it looks for the server again (a new
@@ -31,7 +31,7 @@ pub(crate) const PATIENCE: Duration = Duration::from_secs(5);
 /// connection, a Cluster's slots, a Sentinel group's master). The queue sends one batch at a
 /// time, in order, and a link keeps that order on the server: a batch given up at its deadline
 /// stays ahead of the next one (it went on the same connection first).
-pub(super) trait Link: Send + 'static {
+pub(crate) trait Link: Send + 'static {
     /// Sends `runs` (in this order) and returns each one's reply, or `Err` when the call as a
     /// whole failed; a call not answered by `deadline` (set `timeout` after the call started)
     /// is a [`NodeFailure::Timeout`].
@@ -58,7 +58,7 @@ pub(super) trait Link: Send + 'static {
 }
 
 /// A batch's replies, one per request, in order.
-pub(super) enum Replies {
+pub(crate) enum Replies {
     /// Every request answered (one script call).
     All(Vec<Value>),
     /// Each request's own outcome (a batch split over several servers, some of which failed;
@@ -86,8 +86,8 @@ pub(super) enum Job {
 }
 
 /// One request, queued and in a batch.
-pub(super) struct Run {
-    pub(super) req: Request,
+pub(crate) struct Run {
+    pub(crate) req: Request,
     /// `None` once the caller has been answered (it waited behind a hung call, or its call
     /// was given up and the request is resent).
     pub(super) reply: Option<Reply>,
@@ -301,7 +301,7 @@ impl Batch {
 
 /// Which keys a batch may touch besides the lock keys themselves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Touch {
+pub(crate) enum Touch {
     /// The lock keys and their helper keys (waiting marks, fair queues) and the release
     /// channel: a server, a Sentinel group's master.
     WithHelpers,
@@ -347,7 +347,7 @@ pub(super) fn write_eval<'r>(
 /// see [`RedlockBuilder::restart_quarantine`](crate::RedlockBuilder::restart_quarantine));
 /// otherwise as "e" (extend only). With a `marker` key, the call ends with an "m": the
 /// server's memory marker, read in the same call (its reply comes last).
-pub(super) fn write_call<'r>(
+pub(crate) fn write_call<'r>(
     runs: impl Iterator<Item = &'r Run> + Clone,
     touch: Touch,
     script: &mut Cmd,
@@ -433,7 +433,7 @@ fn resend_deadline(ttl_ms: u64) -> Instant {
 
 /// Runs `command` (an `EVALSHA` of the batch script), loading the script first when the
 /// server does not have it (`NOSCRIPT`: first use, a restart, a `SCRIPT FLUSH`).
-pub(super) async fn evalsha(
+pub(crate) async fn evalsha(
     command: &Cmd,
     connection: &mut impl ConnectionLike,
 ) -> redis::RedisResult<Vec<Value>> {

@@ -69,7 +69,7 @@ pub(crate) struct Queue {
 impl Queue {
     /// A queue (not started yet) whose serving task sends over a link made by `link`; calls
     /// in flight are bounded by `node_timeout`, log lines carry `addr`.
-    pub(in crate::node) fn new<L: Link>(
+    pub(crate) fn new<L: Link>(
         addr: &str,
         node_timeout: Duration,
         link: impl Fn() -> L + Send + Sync + 'static,
@@ -133,7 +133,7 @@ impl Queue {
     }
 
     /// Queues `req` ([`Node::call`]).
-    pub(in crate::node) fn call(&self, req: &Request) -> NodeCall {
+    pub(crate) fn call(&self, req: &Request) -> NodeCall {
         let queued = self.with_started(|started| match started.submit(req.clone()) {
             // A release or leave is never refused for a full queue: it waits for room.
             Err(NodeFailure::Overloaded { .. }) if matches!(req.op, Op::Release | Op::Leave) => {
@@ -175,7 +175,7 @@ impl Queue {
     }
 
     /// Resolves once every request queued before it has run ([`Node::flush`]).
-    pub(in crate::node) fn flush(&self) -> BoxFuture<'static, ()> {
+    pub(crate) fn flush(&self) -> BoxFuture<'static, ()> {
         let started = self.current();
         Box::pin(async move {
             if let Some(started) = started {
@@ -408,8 +408,8 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use crate::node::fake::{FAKE_TIMEOUT, Fake, FakeNode};
     use crate::node::{GuardedWrite, Node, Op, Request, write_if_held};
+    use crate::testing::fake::{FAKE_TIMEOUT, Fake, FakeNode};
 
     fn acquire(key: &str, token: &str) -> Request {
         Request {

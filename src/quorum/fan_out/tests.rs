@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use super::*;
 use crate::node::Node;
-use crate::node::fake::{FAKE_TIMEOUT, Fake, fakes};
 use crate::quorum::quorum;
+use crate::testing::fake::{FAKE_TIMEOUT, Fake, fakes};
 
 /// The fakes' node timeout.
 const TIMEOUT: Duration = FAKE_TIMEOUT;
@@ -263,7 +263,7 @@ async fn a_release_of_a_failed_attempt_skips_the_nodes_that_refused_and_waits_fo
 /// releases after `RELEASE_DELAY`; it counts the releases it has answered, as a node's queue
 /// answers one only once the server ran it.
 struct Restarted {
-    fake: crate::node::fake::FakeNode,
+    fake: crate::testing::fake::FakeNode,
     released: Arc<std::sync::atomic::AtomicUsize>,
 }
 
@@ -271,7 +271,7 @@ const RELEASE_DELAY: Duration = Duration::from_millis(5);
 
 impl Restarted {
     fn new() -> Arc<Restarted> {
-        let fake = crate::node::fake::FakeNode::new(Fake::Grant);
+        let fake = crate::testing::fake::FakeNode::new(Fake::Grant);
         fake.set(Op::Release, Fake::Slow(RELEASE_DELAY));
         Arc::new(Restarted {
             fake,
@@ -323,7 +323,7 @@ impl Node for Restarted {
 /// its whole TTL.)
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_failed_attempt_waits_for_its_releases_on_the_quarantined_nodes() {
-    let holder = Arc::new(crate::node::fake::FakeNode::new(Fake::Deny));
+    let holder = Arc::new(crate::testing::fake::FakeNode::new(Fake::Deny));
     let restarted = [Restarted::new(), Restarted::new()];
     let nodes: Vec<Arc<dyn Node>> = vec![
         holder,

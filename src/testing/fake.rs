@@ -16,11 +16,11 @@ use redis::aio::ConnectionLike;
 use redis::{Arg, Cmd, RedisFuture, Value};
 use tokio::time::{Instant, Sleep};
 
-use super::batch::{BATCH, Link, Replies, Run, Touch, evalsha, write_call};
-use super::queue::Queue;
-use super::{Advice, Advisory, Node, NodeCall, Op, Request, advisory};
+use super::SimServer;
 use crate::error::NodeFailure;
-use crate::testing::SimServer;
+use crate::node::batch::{BATCH, Link, Replies, Run, Touch, evalsha, write_call};
+use crate::node::queue::Queue;
+use crate::node::{Advice, Advisory, Node, NodeCall, Op, Request, advisory};
 
 /// How a fake node answers one kind of request.
 #[derive(Clone, Copy, Debug, PartialEq)]
