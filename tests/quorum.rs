@@ -255,20 +255,16 @@ async fn a_single_node_is_its_own_majority() {
 /// Every number comes from the two it is about: the extension window (how long a round has to
 /// be confirmed) and the node timeout (how long the hung node holds each call). The window is
 /// a default threshold's 500 ms, so that a loaded machine cannot cut a healthy round off (a
-/// 46 ms window lost the lock in about one run in ten beside three CPU burners); the node
-/// timeout is four times the rounds' period, so that rounds still pile up behind each hung
-/// call, and longer than the window, so that a round that waited for the hung node would lose
-/// the lock.
+/// 46 ms window lost the lock in 4 of 26 runs beside three CPU burners); the node timeout is
+/// four times the rounds' period, so that rounds still pile up behind each hung call, and
+/// longer than the window, so that a round that waited for the hung node would lose the lock.
 #[tokio::test]
 async fn a_hung_minority_costs_a_long_using_scope_one_node_timeout() {
     let servers = Servers::start(3);
     let threshold = Duration::from_millis(500);
-    // The longest TTL whose extension window is the whole threshold (lead = min(threshold,
-    // (ttl - drift - threshold) / 2)): rounds every ttl - drift - 2 * threshold, ~530 ms.
-    let ttl = Duration::from_millis(1_550);
-    let drift = ttl.mul_f64(0.01) + Duration::from_millis(2);
-    let period = ttl - drift - 2 * threshold;
-    let node_timeout = period * 4;
+    // Rounds about every threshold, each with the whole threshold to be confirmed.
+    let ttl = support::ttl_for_window(threshold);
+    let node_timeout = threshold * 4;
     let redlock = redfence::Redlock::builder()
         .nodes(servers.urls())
         .automatic_extension_threshold(threshold)
