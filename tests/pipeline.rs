@@ -182,7 +182,9 @@ async fn a_node_killed_mid_batch_fails_its_locks_and_nothing_is_granted_without_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_runs_after_its_acquire_on_every_node() {
     let servers = Servers::start(3);
-    let redlock: Redlock = servers.redlock();
+    // Patient: the subject is order, not time; a call of the burst timed out on a loaded
+    // machine (at the default 50 ms) failed a release with QuorumUnreachable.
+    let redlock: Redlock = servers.patient();
     support::warm_up(&redlock).await;
     // Acquire and release back to back, many at once: the release returns at a majority, and
     // on the last node it must still come after the acquire (or the key would stay behind).
@@ -277,7 +279,10 @@ async fn acquires_queued_behind_a_hung_call_never_land_later() {
 async fn a_late_reply_is_never_handed_to_the_next_lock() {
     // One node, so that its answer alone decides each lock.
     let servers = Servers::start(1);
-    let redlock = servers.one_attempt(Duration::from_millis(50));
+    // Patient: the calls made while the node is stopped time out whatever the timeout; the
+    // later ones must each be answered, which a short timeout does not promise on a loaded
+    // machine.
+    let redlock = servers.one_attempt(support::PATIENT);
     support::warm_up(&redlock).await;
     let _: () = servers.cmd(0, &["SET", "late:held", "someone-else"]);
     // Calls that time out while the node is stopped: their replies (refusals, and the
@@ -409,7 +414,9 @@ fn current_thread_runtime() -> tokio::runtime::Runtime {
 #[test]
 fn a_call_from_another_runtime_fails_in_time_while_the_queues_runtime_is_idle() {
     let servers = Servers::start(3);
-    let redlock = servers.one_attempt(Duration::from_millis(100));
+    // Patient: the first runtime's lock must be granted; the second runtime's call fails
+    // without waiting for any node (bounded below by its own 10 s).
+    let redlock = servers.one_attempt(support::PATIENT);
     // The node queues start on this runtime, which then stays alive but idle. Every node's
     // connection is made first: a connect still running on the idle runtime would hold up
     // `close` below (a limit this test does not cover).
@@ -452,7 +459,7 @@ fn a_call_from_another_runtime_fails_in_time_while_the_queues_runtime_is_idle() 
 #[test]
 fn after_the_queues_runtime_shuts_down_the_next_runtime_gets_queues_of_its_own() {
     let servers = Servers::start(3);
-    let redlock = servers.redlock();
+    let redlock = servers.patient();
     let first = current_thread_runtime();
     first.block_on(async {
         let lock = redlock.acquire(&["first"], TTL).await.expect("acquire");

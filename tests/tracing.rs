@@ -252,14 +252,14 @@ async fn a_nodes_log_lines_name_the_node() {
     }
 
     let events = capture.events.lock().expect("events").clone();
-    let (_, spans) = events
+    let (line, spans) = events
         .iter()
         .find(|(fields, _)| about_the_restart(fields))
         .unwrap_or_else(|| panic!("no line about the restart in {events:?}"));
     let node = spans
         .iter()
         .find(|span| span.name == "redfence.node")
-        .unwrap_or_else(|| panic!("the retry line is in no node span: {spans:?}"));
+        .unwrap_or_else(|| panic!("the retry line {line:?} is in no node span: {spans:?}"));
     let port = servers.port(0).to_string();
     assert!(
         field(node, "node").contains(&format!(":{port}/")),

@@ -8,6 +8,11 @@ use redfence::Error;
 use crate::support::{DEADLINE, PATIENT, Servers, TestRedlock, eventually};
 use crate::{READERS, TTL, WAITING, WRITER, contended, readers, rwlock, soon, waiting};
 
+/// A TTL meant to run out during a test, but not before the hold's next two rounds (each
+/// bounded by the [`PATIENT`] node timeout) have landed, however loaded the machine: 400 and
+/// 300 ms TTLs left less than a node timeout for them.
+const SHORT: Duration = Duration::from_millis(PATIENT.as_millis() as u64 * 3);
+
 #[tokio::test]
 async fn many_readers_hold_at_once_and_inspect_shows_them() {
     let servers = Servers::start(3);
@@ -126,7 +131,7 @@ async fn expiry_frees_the_lock() {
     let servers = Servers::start(3);
     let redlock = servers.patient();
     let lock = rwlock(&redlock);
-    let ttl = Duration::from_millis(400);
+    let ttl = SHORT;
     let read = lock.try_acquire_read(ttl).await.expect("reader");
     let since = Instant::now();
     std::mem::forget(read); // never released
@@ -170,7 +175,7 @@ async fn extend_keeps_both_sides() {
     let servers = Servers::start(3);
     let redlock = servers.patient();
     let lock = rwlock(&redlock);
-    let short = Duration::from_millis(300);
+    let short = SHORT;
     let mut read = lock.try_acquire_read(short).await.expect("reader");
     read.extend(TTL).await.expect("extend the read");
     assert!(read.remaining() > Duration::from_secs(4));
@@ -206,15 +211,18 @@ async fn extend_keeps_both_sides() {
 #[tokio::test]
 async fn using_keeps_both_sides_and_signals_their_loss() {
     let servers = Servers::start(3);
+    // Rounds about every 300 ms, each with 300 ms to be confirmed (an 800 ms TTL at a 200 ms
+    // threshold left 200 ms, less than the node timeout).
+    let threshold = Duration::from_millis(300);
     let redlock = servers
         .builder()
         .node_timeout(PATIENT)
-        .automatic_extension_threshold(Duration::from_millis(200))
+        .automatic_extension_threshold(threshold)
         .fencing(redfence::MemoryCounter::new())
         .build()
         .expect("config");
     let lock = rwlock(&redlock);
-    let ttl = Duration::from_millis(800);
+    let ttl = crate::support::ttl_for_window(threshold);
     let kept = |fenced: bool| {
         move |signal: redfence::Signal| async move {
             assert_eq!(signal.fence().is_some(), fenced);

@@ -17,6 +17,18 @@ use redfence::{Redlock, RedlockBuilder};
 /// A node timeout generous enough that a loaded machine never fails a healthy local node.
 pub const PATIENT: Duration = Duration::from_millis(500);
 
+/// The shortest `using()` TTL whose extension window is the whole `threshold` (at the default
+/// drift factor, 0.01): each renewal round then has `threshold` to be confirmed before the
+/// signal aborts, and rounds come about every `threshold`. The keeper plans a round `lead =
+/// min(threshold, (ttl - drift - threshold) / 2)` before the threshold, so the window is the
+/// whole threshold from `ttl - drift >= 3 * threshold` on. A test that means to keep its lock
+/// on a loaded machine takes a threshold a stalled round cannot outlast, and this TTL.
+pub fn ttl_for_window(threshold: Duration) -> Duration {
+    // ttl * 0.99 - 2 ms >= 3 * threshold, rounded up to the next millisecond.
+    let micros = (3 * threshold + Duration::from_millis(2)).as_micros() * 100 / 99;
+    Duration::from_millis(u64::try_from(micros / 1_000 + 1).expect("a test TTL"))
+}
+
 /// `Redlock`s over every test server, tuned for tests.
 pub trait TestRedlock {
     /// A builder over every server, tuned for tests: fast retries.

@@ -2,6 +2,7 @@
 //! event hook that panics.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use redfence::{Error, Event};
@@ -12,14 +13,19 @@ use crate::{MS, PATIENT, recorded};
 #[tokio::test]
 async fn a_routine_running_five_ttls_keeps_the_lock_throughout() {
     let servers = Servers::start(5);
-    let ttl = Duration::from_secs(1);
+    // Rounds about every 400 ms, each with 400 ms to be confirmed (a 1 s TTL left 294 ms,
+    // and the test failed once in 8 runs beside three CPU burners).
+    let threshold = 400 * MS;
+    let ttl = crate::support::ttl_for_window(threshold);
     let (events, redlock) = recorded(
         servers
             .builder()
             .node_timeout(250 * MS)
-            .automatic_extension_threshold(400 * MS),
+            .automatic_extension_threshold(threshold),
     );
-    let competitor = servers.one_attempt(250 * MS);
+    // Patient: a competitor's call timed out on a loaded machine would be no refusal; its
+    // attempts are not timed.
+    let competitor = servers.one_attempt(PATIENT);
 
     let started = Instant::now();
     let refused = redlock
@@ -57,8 +63,10 @@ async fn a_routine_running_five_ttls_keeps_the_lock_throughout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_concurrent_scopes_all_keep_their_locks() {
     let servers = Servers::start(5);
-    // A 1 s TTL leaves a 244 ms window for extension rounds before the 500 ms threshold:
-    // a node timeout well inside it leaves room for retries when the machine is busy.
+    // Rounds about every 500 ms (the default threshold), each with 500 ms to be confirmed: a
+    // node timeout well inside it leaves room for retries when the machine is busy. (A 1 s
+    // TTL left 244 ms, and beside three CPU burners the test failed in 3 runs of 8.)
+    let ttl = crate::support::ttl_for_window(500 * MS);
     let (events, redlock) = recorded(servers.builder().node_timeout(100 * MS));
     let mut conns = Vec::new();
     for url in servers.urls() {
@@ -87,7 +95,7 @@ async fn two_hundred_concurrent_scopes_all_keep_their_locks() {
                 let key = format!("job:{n}");
                 let resource = key.clone();
                 redlock
-                    .using(&[resource], Duration::from_secs(1), |signal| async move {
+                    .using(&[resource], ttl, |signal| async move {
                         let started = Instant::now();
                         while started.elapsed() < Duration::from_secs(3) {
                             tokio::select! {
@@ -151,15 +159,27 @@ async fn two_hundred_concurrent_scopes_all_keep_their_locks() {
 #[tokio::test]
 async fn a_panicking_event_hook_does_not_lose_the_lock() {
     let servers = Servers::start(3);
+    // Extensions about every 300 ms, each with 300 ms to be confirmed, so that only the hook
+    // could lose the lock on a loaded machine (a 600 ms TTL left 196 ms).
+    let threshold = 300 * MS;
+    let ttl = crate::support::ttl_for_window(threshold);
+    let panics = Arc::new(AtomicUsize::new(0));
+    let sink = Arc::clone(&panics);
     let redlock = servers
         .builder()
         .node_timeout(PATIENT)
-        .automatic_extension_threshold(200 * MS)
-        .on_event(|_: &Event| panic!("a buggy metrics hook"))
+        .automatic_extension_threshold(threshold)
+        // A panic that skips the process's panic hook, which under RUST_BACKTRACE=1 prints a
+        // backtrace on every event, on the extension task: slow enough on a loaded machine to
+        // stall renewal (the test lost its lock once, LockLost { Expired }, beside three CPU
+        // burners), and a hook that slow loses any lock, panicking or not ("keep it quick").
+        .on_event(move |_: &Event| {
+            sink.fetch_add(1, Ordering::SeqCst);
+            std::panic::resume_unwind(Box::new("a buggy metrics hook"))
+        })
         .build()
         .expect("config");
     let other = servers.patient();
-    let ttl = 600 * MS;
     redlock
         .using(&["job"], ttl, |signal| async move {
             // Three TTLs: several extensions, each emitting an event to the panicking hook.
@@ -174,4 +194,6 @@ async fn a_panicking_event_hook_does_not_lose_the_lock() {
         })
         .await
         .expect("using");
+    // The hook ran, and panicked, for each of the extensions.
+    assert!(panics.load(Ordering::SeqCst) >= 2, "{panics:?}");
 }

@@ -94,17 +94,22 @@ async fn no_task_outlives_the_using_call() {
     // One node: a quorum of one leaves no straggler call running after a round, so the
     // count of live tasks is exact.
     let servers = Servers::start(1);
+    // Extensions about every 300 ms, each with 300 ms to be confirmed: longer than the node
+    // timeout, so that a loaded machine neither cuts a round off nor loses the lock (a 500 ms
+    // TTL left a 146 ms window, shorter than the 250 ms node timeout).
+    let threshold = 300 * MS;
+    let ttl = crate::support::ttl_for_window(threshold);
     let (events, redlock) = recorded(
         servers
             .builder()
             .node_timeout(250 * MS)
-            .automatic_extension_threshold(200 * MS),
+            .automatic_extension_threshold(threshold),
     );
     let metrics = tokio::runtime::Handle::current().metrics();
     // Warm the connections (each node's connection has its own driver task) and the
     // extension timer (one task for every lock's extension waits), through one extension.
     redlock
-        .using(&["warm"], 500 * MS, |_| {
+        .using(&["warm"], ttl, |_| {
             let events = events.clone();
             async move {
                 assert!(eventually(|| events.extended() >= 1).await);
@@ -115,7 +120,7 @@ async fn no_task_outlives_the_using_call() {
         .expect("using");
     let baseline = metrics.num_alive_tasks();
     let during = redlock
-        .using(&["job"], 500 * MS, |signal| {
+        .using(&["job"], ttl, |signal| {
             let events = events.clone();
             async move {
                 // Run through a few extensions.

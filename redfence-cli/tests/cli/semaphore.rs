@@ -148,7 +148,11 @@ fn status_shows_a_semaphores_slots() {
 fn status_shows_what_run_accepts() {
     let servers = Servers::start(3);
     let name = "x".repeat(60_000);
+    // Calls of 12 MB of names: the tests' 200 ms node timeout is for small calls, and a
+    // loaded machine missed it (status exited 69); nothing here is timed.
+    let patient = ("REDFENCE_NODE_TIMEOUT", "5s");
     let ran = super::redfence(&servers)
+        .envs([patient])
         .args(["run", "-n", "200", "-r", &name, "--", "true"])
         .output()
         .expect("run redfence");
@@ -158,6 +162,7 @@ fn status_shows_what_run_accepts() {
         let _: () = servers.cmd(i, &["SET", &slot, "fedcba9876543210", "PX", "20000"]);
     }
     let out = super::redfence(&servers)
+        .envs([patient])
         .args(["status", "--json", "-n", "200", &name])
         .output()
         .expect("run redfence status");
