@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use super::queue::{Queue, QueuedNode};
 use super::server_link::ServerLink;
@@ -111,6 +112,8 @@ fn nudge_on_news(
         ) else {
             return done();
         };
+        // In the node's span, as its queue's lines are: the news may come from any voter.
+        let span = tracing::debug_span!(parent: None, "redfence.node", node = %connection.addr());
         let read = async move {
             let conn = connection.connection().await.ok()?;
             identity.check(&conn).await;
@@ -121,7 +124,8 @@ fn nudge_on_news(
             async move {
                 let _ = tokio::time::timeout(bound, read).await;
                 done();
-            },
+            }
+            .instrument(span),
             &runtime,
         );
     });

@@ -1,5 +1,5 @@
 //! An adversarial review of the restart quarantine by memory (`src/memory.rs`,
-//! `src/node/identity.rs`, `src/node/server_link.rs`): attacks that tried to make two valid
+//! `src/memory/identity.rs`, `src/node/server_link.rs`): attacks that tried to make two valid
 //! owners (or more than K semaphore holders) with the default quarantine, on real servers. The
 //! attacks that found a bug (each fixed) and the ones the quarantine withstood, kept as
 //! regression tests. The plain-command attacks are in `plain_rerun.rs`.
