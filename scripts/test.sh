@@ -4,7 +4,8 @@
 # for the docker-compose harness when Docker is available, then `cargo test --workspace
 # --all-features`; then the Redis-facing real-server suites (the core's and the command's) a
 # second time against Valkey 8.1, a third time against Valkey 9.1 and a fourth against Redis
-# 8.6 (the servers scripts/setup.sh installs), and the local torture run on Valkey 9.1 too.
+# 8.6 (the servers scripts/setup.sh installs), the local torture run on Valkey 9.1 too, and
+# 5,000 seeds of the deterministic simulation (redfence-sim).
 #
 # The docker-compose scenarios are #[ignore]d in a plain `cargo test` (they need the five
 # containers); here they run with `--ignored` where Docker and compose work, and are reported
@@ -85,3 +86,10 @@ done
 echo "[test] the local torture run against $("$valkey9" --version | cut -d' ' -f1-3)"
 REDFENCE_VALKEY="$valkey9" cargo test --workspace --all-features --test torture -- --nocapture \
     torture_local
+
+# The deterministic simulation (redfence-sim/): the real client over simulated servers, with
+# seeded faults and checkers on true time. Its tests (regression seeds, planted bugs, replay)
+# ran above; here 5,000 seeds more, with the optimised build (about a minute on two cores).
+# A failing seed is named, and replays with `redfence-sim --seed S --trace`.
+echo "[test] the deterministic simulation: 5,000 seeds"
+cargo run --release --quiet -p redfence-sim -- --seeds 5000 --first-seed 0

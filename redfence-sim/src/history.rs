@@ -12,27 +12,39 @@ use tokio::time::Instant;
 pub struct Claim {
     /// Which client and operation (for messages).
     pub who: String,
+    /// The lock's token.
     pub token: String,
+    /// The resources it locks.
     pub resources: Vec<String>,
+    /// Its fencing token.
     pub fence: Option<u64>,
+    /// When the holder learnt it held the lock (ms).
     pub from: f64,
+    /// Where the validity it counted on ended, or when it let go, if sooner (ms).
     pub until: f64,
 }
 
 /// A write offered to the fenced store.
 #[derive(Clone, Debug)]
 pub struct Write {
+    /// Which client and operation.
     pub who: String,
+    /// The resource written.
     pub resource: String,
+    /// The fence it carried.
     pub fence: u64,
+    /// When (ms).
     pub at: f64,
+    /// Whether the store took it.
     pub accepted: bool,
 }
 
 /// Everything a run recorded.
 #[derive(Default)]
 pub struct Record {
+    /// Every holder's claim.
     pub claims: Vec<Claim>,
+    /// Every write offered to the fenced store.
     pub writes: Vec<Write>,
     /// Acquisitions that took longer than their bound: (who, took ms, bound ms).
     pub late: Vec<(String, f64, f64)>,

@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! Deterministic simulation of redfence: the real client (`Redlock`, its node queues with
 //! batching and resends, the restart quarantine, the lease keeper, `using()`, fencing) over
 //! simulated Redis servers that run the real Lua scripts ([`redfence::testing::SimServers`]),
@@ -5,8 +6,8 @@
 //! tokens and jitter, the latencies, the faults and their times — comes from one seed, so a
 //! run that fails is replayed exactly from it.
 //!
-//! Each run draws a [`Scenario`](scenario::Scenario), runs its clients beside its faults,
-//! closes the clients, and checks the [`History`](history::History) on true time
+//! Each run draws a [`Scenario`], runs its clients beside its faults,
+//! closes the clients, and checks the [`History`] on true time
 //! ([`check::violations`]).
 
 pub mod check;
@@ -27,9 +28,13 @@ use crate::workload::{Client, FencedStore, client_rng};
 /// What one run found.
 #[derive(Debug, Default)]
 pub struct Outcome {
+    /// The seed run.
     pub seed: u64,
+    /// What the checkers found (empty: the run passed).
     pub violations: Vec<String>,
+    /// Locks, permits and scopes granted.
     pub grants: u64,
+    /// Faults injected.
     pub faults: u64,
     /// Whether the run broke the algorithm's assumptions (and was checked against the weaker
     /// promise).

@@ -9,24 +9,32 @@ use redfence::testing::{Profile, SimFault};
 /// What a run does: its clients, their settings, the faults and when.
 #[derive(Debug)]
 pub struct Scenario {
+    /// The seed it was drawn from.
     pub seed: u64,
     /// Which server every simulated server answers as (Valkey 9.1 and Redis 8.6 take the
     /// plain commands).
     pub profile: Profile,
     /// Whether single-key locks go as plain commands where the servers have them.
     pub native_commands: bool,
+    /// How many servers vote.
     pub servers: usize,
+    /// How many clients (each its own `Redlock`) compete.
     pub clients: usize,
     /// Operations per client.
     pub ops: usize,
+    /// The TTL of every lock (extensions take from a quarter to twice it).
     pub ttl: Duration,
     /// When `using()` extends: this long before the validity ends.
     pub threshold: Duration,
+    /// The clients' node timeout.
     pub node_timeout: Duration,
+    /// The clients' overall deadline for an acquire.
     pub acquire_timeout: Duration,
+    /// The clients' bound on the fencing counter.
     pub fencing_timeout: Duration,
     /// Which clients use the fair line.
     pub fair: Vec<bool>,
+    /// The resources the clients lock.
     pub resources: Vec<String>,
     /// How likely a write follows a stall of the process.
     pub stall_chance: f64,
@@ -34,6 +42,7 @@ pub struct Scenario {
     pub quarantine: bool,
     /// Each server's one-way latency range.
     pub latency: Vec<(Duration, Duration)>,
+    /// The faults, by the time since the start.
     pub faults: Vec<(Duration, Fault)>,
     /// Why the run breaks the algorithm's stated assumptions, if it does: it is then checked
     /// against the weaker promise (the fenced store never takes a stale write).

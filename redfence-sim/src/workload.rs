@@ -36,11 +36,17 @@ impl FencedStore {
 
 /// One client's part of the run.
 pub struct Client {
+    /// `c0`, `c1`, ... in the trace.
     pub name: String,
+    /// Its own client, over the run's servers.
     pub redlock: Redlock,
+    /// Its choices (seeded).
     pub rng: StdRng,
+    /// Where it records what it did.
     pub history: History,
+    /// The storage every client writes to.
     pub store: Arc<FencedStore>,
+    /// The run's settings.
     pub scenario: Arc<Scenario>,
 }
 

@@ -31,8 +31,8 @@
 //! # }
 //! ```
 //!
-//! Inside the crate, the unit tests' fakes run on the same [`SimServer`].
-// Built with feature `testing` alone (no test using it yet), the server is unused.
+//! Inside the crate, the unit tests' fakes run on the same simulated server.
+// Built with feature `testing` alone, parts used only by the unit tests are unused.
 #![cfg_attr(not(test), allow(dead_code, unused_imports))]
 
 mod commands;
