@@ -1,13 +1,19 @@
 //! The checkers, on true simulated time: what must hold whatever the faults.
 
-use crate::history::Record;
+use crate::history::{Claim, Mode, Record};
 
 /// The violations of one run (empty: it passed). `weakened` runs broke the algorithm's
 /// assumptions: only the promises that still hold are checked.
-pub fn violations(record: &Record, weakened: bool, leftovers: &[String]) -> Vec<String> {
+pub fn violations(
+    record: &Record,
+    weakened: bool,
+    permits: u32,
+    leftovers: &[String],
+) -> Vec<String> {
     let mut found = Vec::new();
     if !weakened {
         exclusion(record, &mut found);
+        at_most(record, permits, &mut found);
         for (who, at, until) in &record.late_aborts {
             found.push(format!(
                 "{who}: the signal aborted at {at:.3} ms, after the validity it gave ({until:.3} ms)"
@@ -25,12 +31,27 @@ pub fn violations(record: &Record, weakened: bool, leftovers: &[String]) -> Vec<
     found
 }
 
-/// No two holders of one resource count on their locks at the same moment.
+/// Whether `a` and `b` may not hold at once: a mutex's, a writer beside anyone on its lock
+/// (permits are counted apart, readers share).
+fn exclusive(a: &Claim, b: &Claim) -> bool {
+    matches!(
+        (a.mode, b.mode),
+        (Mode::Exclusive, Mode::Exclusive)
+            | (Mode::Write, Mode::Read | Mode::Write)
+            | (Mode::Read, Mode::Write)
+    )
+}
+
+/// No two holders of one resource count on their locks at the same moment (a mutex's, or a
+/// writer and anyone else on a read-write lock).
 fn exclusion(record: &Record, found: &mut Vec<String>) {
     let claims = &record.claims;
     for (i, a) in claims.iter().enumerate() {
         for b in &claims[i + 1..] {
-            if a.token == b.token || !a.resources.iter().any(|r| b.resources.contains(r)) {
+            if a.token == b.token
+                || !exclusive(a, b)
+                || !a.resources.iter().any(|r| b.resources.contains(r))
+            {
                 continue;
             }
             let from = a.from.max(b.from);
@@ -51,6 +72,29 @@ fn exclusion(record: &Record, found: &mut Vec<String>) {
     }
 }
 
+/// At no instant do more than `permits` permits count on their validity.
+fn at_most(record: &Record, permits: u32, found: &mut Vec<String>) {
+    let mut edges: Vec<(f64, i32)> = Vec::new();
+    for claim in record.claims.iter().filter(|c| c.mode == Mode::Permit) {
+        if claim.from < claim.until {
+            edges.push((claim.from, 1));
+            edges.push((claim.until, -1));
+        }
+    }
+    // Ends before starts at one instant: a claim that ends there does not overlap.
+    edges.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut held = 0;
+    for (at, step) in edges {
+        held += step;
+        if held > permits as i32 {
+            found.push(format!(
+                "{held} permits held at {at:.3} ms, of a semaphore of {permits}"
+            ));
+            return;
+        }
+    }
+}
+
 /// A holder that came after another (its claim starts after the other's ended) has a greater
 /// fence: the counter was asked within the validity.
 fn fences_grow(record: &Record, weakened: bool, found: &mut Vec<String>) {
@@ -60,7 +104,8 @@ fn fences_grow(record: &Record, weakened: bool, found: &mut Vec<String>) {
     let claims = &record.claims;
     for a in claims {
         for b in claims {
-            let shared = a.resources.iter().any(|r| b.resources.contains(r));
+            // Permits and readers share; their fences need not grow between them.
+            let shared = a.resources.iter().any(|r| b.resources.contains(r)) && exclusive(a, b);
             if let (Some(fa), Some(fb)) = (a.fence, b.fence)
                 && shared
                 && a.until <= b.from

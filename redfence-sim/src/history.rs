@@ -6,10 +6,25 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::time::Instant;
 
+/// What a claim holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// A mutex: nobody else on its resources.
+    Exclusive,
+    /// One of a semaphore's permits: at most its K at once.
+    Permit,
+    /// A read-write lock's read side: beside other readers, never a writer.
+    Read,
+    /// A read-write lock's write side: nobody else.
+    Write,
+}
+
 /// A span of true time in which a holder counted on its lock: from when it learnt it held
 /// it to the end of the validity it believed in.
 #[derive(Clone, Debug)]
 pub struct Claim {
+    /// What it holds.
+    pub mode: Mode,
     /// Which client and operation (for messages).
     pub who: String,
     /// The lock's token.

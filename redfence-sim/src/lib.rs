@@ -23,7 +23,7 @@ use redfence::{Backoff, MemoryCounter, Redlock};
 
 use crate::history::History;
 use crate::scenario::{Fault, Scenario};
-use crate::workload::{Client, FencedStore, client_rng};
+use crate::workload::{Client, FencedStore, RWLOCK, SEMAPHORE, client_rng};
 
 /// What one run found.
 #[derive(Debug, Default)]
@@ -166,7 +166,15 @@ async fn run(seed: u64, options: Options) -> Outcome {
             servers
                 .keys(index)
                 .into_iter()
-                .filter(|key| scenario.resources.contains(key))
+                .filter(|key| {
+                    // The lock keys (not the semaphore's size claim, kept by design).
+                    scenario.resources.contains(key)
+                        || key
+                            .strip_prefix(&format!("{SEMAPHORE}:semaphore:slot:"))
+                            .is_some_and(|slot| slot.bytes().all(|b| b.is_ascii_digit()))
+                        || *key == format!("{RWLOCK}:rwlock:writer")
+                        || *key == format!("{RWLOCK}:rwlock:readers")
+                })
                 .map(move |key| {
                     format!("server {index} still holds {key} after close() and the longest TTL")
                 })
@@ -176,6 +184,7 @@ async fn run(seed: u64, options: Options) -> Outcome {
     violations.extend(check::violations(
         &record,
         scenario.weakened.is_some(),
+        scenario.permits,
         &leftovers,
     ));
     let mut trace = Vec::new();

@@ -36,6 +36,8 @@ pub struct Scenario {
     pub fair: Vec<bool>,
     /// The resources the clients lock.
     pub resources: Vec<String>,
+    /// The semaphore's permits (K).
+    pub permits: u32,
     /// How likely a write follows a stall of the process.
     pub stall_chance: f64,
     /// The restart quarantine (on, as by default, unless the run breaks the assumptions).
@@ -134,6 +136,7 @@ impl Scenario {
             _ => Profile::Redis8,
         };
         let native_commands = rng.random_bool(0.6);
+        let permits = rng.random_range(1..=3);
         Scenario {
             seed,
             profile,
@@ -148,6 +151,7 @@ impl Scenario {
             fencing_timeout: Duration::from_millis(50),
             fair: (0..clients).map(|_| rng.random_bool(0.3)).collect(),
             resources: vec!["r0".to_owned(), "r1".to_owned()],
+            permits,
             stall_chance: 0.1,
             quarantine: weakened != Some("restarts with the quarantine off"),
             latency: latencies,

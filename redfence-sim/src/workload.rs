@@ -10,7 +10,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use redfence::{Error, Lock, Redlock};
 
-use crate::history::{Claim, History, Write};
+use crate::history::{Claim, History, Mode, Write};
 use crate::scenario::Scenario;
 
 /// The storage the holders write to: it rejects a write whose fence is below the last one it
@@ -56,10 +56,11 @@ impl Client {
         for op in 0..self.scenario.ops {
             let resources = self.pick_resources();
             let ttl = self.scenario.ttl;
-            if self.rng.random_bool(0.6) {
-                self.mutex(op, &resources, ttl).await;
-            } else {
-                self.using(op, &resources, ttl).await;
+            match self.rng.random_range(0..10) {
+                0..=4 => self.mutex(op, &resources, ttl).await,
+                5..=7 => self.using(op, &resources, ttl).await,
+                8 => self.permit(op, ttl).await,
+                _ => self.read_write(op, ttl).await,
             }
             let pause = self.between();
             tokio::time::sleep(pause).await;
@@ -147,6 +148,7 @@ impl Client {
             return;
         };
         let mut claim = Claim {
+            mode: Mode::Exclusive,
             who: who.clone(),
             token: lock.token().to_owned(),
             resources: resources.to_vec(),
@@ -204,7 +206,6 @@ impl Client {
             .collect();
         let history = self.history.clone();
         let store = Arc::clone(&self.store);
-        let started = history.now();
         let scope_who = who.clone();
         let scope_resources = resources.to_vec();
         let result = self
@@ -212,6 +213,7 @@ impl Client {
             .using(resources, ttl, |signal| async move {
                 let who = scope_who;
                 let mut claim = Claim {
+                    mode: Mode::Exclusive,
                     who: who.clone(),
                     token: signal.token().to_owned(),
                     resources: scope_resources.clone(),
@@ -286,8 +288,6 @@ impl Client {
                 outcome
             })
             .await;
-        let took = self.history.now() - started;
-        let _ = took;
         self.history.event(|| {
             format!(
                 "{who} ended: {}",
@@ -296,6 +296,131 @@ impl Client {
         });
     }
 }
+
+impl Client {
+    /// A semaphore's permit: acquire, hold, release.
+    async fn permit(&mut self, op: usize, ttl: Duration) {
+        let who = format!("{} op{op} permit", self.name);
+        let semaphore = match self.redlock.semaphore(SEMAPHORE, self.scenario.permits) {
+            Ok(semaphore) => semaphore,
+            Err(err) => {
+                self.history.event(|| format!("{who}: no semaphore: {err}"));
+                return;
+            }
+        };
+        let result = semaphore.acquire(ttl).await;
+        let permit = match result {
+            Ok(permit) => permit,
+            Err(err) => {
+                self.history
+                    .event(|| format!("{who} did not get a permit: {}", kind(&err)));
+                return;
+            }
+        };
+        self.history.record().grants += 1;
+        self.history.event(|| {
+            format!(
+                "{who} holds slot {} token {}",
+                permit.slot(),
+                short(permit.token())
+            )
+        });
+        let mut claim = Claim {
+            mode: Mode::Permit,
+            who,
+            token: permit.token().to_owned(),
+            resources: vec![SEMAPHORE.to_owned()],
+            fence: permit.fence(),
+            from: self.history.now(),
+            until: self.history.at_std(permit.expires_at()),
+        };
+        let hold = ttl.mul_f64(self.rng.random_range(0.0..0.8));
+        tokio::time::sleep(hold).await;
+        claim.until = claim.until.min(self.history.now());
+        self.history.record().claims.push(claim);
+        let _ = permit.release().await;
+    }
+
+    /// A read-write lock's read or write side: acquire, hold, release.
+    async fn read_write(&mut self, op: usize, ttl: Duration) {
+        let write = self.rng.random_bool(0.4);
+        let who = format!(
+            "{} op{op} {}",
+            self.name,
+            if write { "writer" } else { "reader" }
+        );
+        let rwlock = match self.redlock.rwlock(RWLOCK) {
+            Ok(rwlock) => rwlock,
+            Err(err) => {
+                self.history
+                    .event(|| format!("{who}: no read-write lock: {err}"));
+                return;
+            }
+        };
+        let hold = ttl.mul_f64(self.rng.random_range(0.0..0.8));
+        let (mode, held) = if write {
+            match rwlock.acquire_write(ttl).await {
+                Ok(guard) => {
+                    let held = (guard.token().to_owned(), guard.expires_at());
+                    self.hold_claim(&who, Mode::Write, held, hold).await;
+                    let _ = guard.release().await;
+                    (Mode::Write, true)
+                }
+                Err(err) => {
+                    self.history
+                        .event(|| format!("{who} was refused: {}", kind(&err)));
+                    (Mode::Write, false)
+                }
+            }
+        } else {
+            match rwlock.acquire_read(ttl).await {
+                Ok(guard) => {
+                    let held = (guard.token().to_owned(), guard.expires_at());
+                    self.hold_claim(&who, Mode::Read, held, hold).await;
+                    let _ = guard.release().await;
+                    (Mode::Read, true)
+                }
+                Err(err) => {
+                    self.history
+                        .event(|| format!("{who} was refused: {}", kind(&err)));
+                    (Mode::Read, false)
+                }
+            }
+        };
+        let _ = (mode, held);
+    }
+
+    /// Notes a read-write claim from now to its validity, holds it for `hold`, and cuts the
+    /// claim at its release.
+    async fn hold_claim(
+        &mut self,
+        who: &str,
+        mode: Mode,
+        (token, expires_at): (String, std::time::Instant),
+        hold: Duration,
+    ) {
+        self.history.record().grants += 1;
+        self.history
+            .event(|| format!("{who} holds {RWLOCK} token {}", short(&token)));
+        let mut claim = Claim {
+            mode,
+            who: who.to_owned(),
+            token,
+            resources: vec![RWLOCK.to_owned()],
+            fence: None,
+            from: self.history.now(),
+            until: self.history.at_std(expires_at),
+        };
+        tokio::time::sleep(hold).await;
+        claim.until = claim.until.min(self.history.now());
+        self.history.record().claims.push(claim);
+    }
+}
+
+/// The semaphore every client shares.
+pub const SEMAPHORE: &str = "sem";
+/// The read-write lock every client shares.
+pub const RWLOCK: &str = "rw";
 
 /// A token, shortly.
 fn short(token: &str) -> &str {
