@@ -23,7 +23,7 @@ use redfence::{Backoff, MemoryCounter, Redlock};
 
 use crate::history::History;
 use crate::scenario::{Fault, Scenario};
-use crate::workload::{Client, FencedStore, RWLOCK, SEMAPHORE, client_rng};
+use crate::workload::{Client, ELECTION, FencedStore, RWLOCK, SEMAPHORE, client_rng};
 
 /// What one run found.
 #[derive(Debug, Default)]
@@ -174,6 +174,7 @@ async fn run(seed: u64, options: Options) -> Outcome {
                             .is_some_and(|slot| slot.bytes().all(|b| b.is_ascii_digit()))
                         || *key == format!("{RWLOCK}:rwlock:writer")
                         || *key == format!("{RWLOCK}:rwlock:readers")
+                        || *key == format!("election:{ELECTION}")
                 })
                 .map(move |key| {
                     format!("server {index} still holds {key} after close() and the longest TTL")

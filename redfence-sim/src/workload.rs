@@ -56,11 +56,12 @@ impl Client {
         for op in 0..self.scenario.ops {
             let resources = self.pick_resources();
             let ttl = self.scenario.ttl;
-            match self.rng.random_range(0..10) {
+            match self.rng.random_range(0..11) {
                 0..=4 => self.mutex(op, &resources, ttl).await,
                 5..=7 => self.using(op, &resources, ttl).await,
                 8 => self.permit(op, ttl).await,
-                _ => self.read_write(op, ttl).await,
+                9 => self.read_write(op, ttl).await,
+                _ => self.lead(op, ttl).await,
             }
             let pause = self.between();
             tokio::time::sleep(pause).await;
@@ -416,6 +417,69 @@ impl Client {
         self.history.record().claims.push(claim);
     }
 }
+
+impl Client {
+    /// A candidacy in the election: campaigns (for at most the acquire timeout), and once
+    /// elected leads for a few steps, each checking the leadership; its term is its fence.
+    async fn lead(&mut self, op: usize, lease: Duration) {
+        let who = format!("{} op{op} leader", self.name);
+        let election = self
+            .redlock
+            .election(ELECTION, Some(&self.name))
+            .lease(lease)
+            .retry_period(lease / 5)
+            .renew_deadline(lease.mul_f64(0.6))
+            .build();
+        let election = match election {
+            Ok(election) => election,
+            Err(err) => {
+                self.history.event(|| format!("{who}: no election: {err}"));
+                return;
+            }
+        };
+        let steps: Vec<u64> = (0..self.rng.random_range(1..=3))
+            .map(|_| self.rng.random_range(0..=lease.as_millis() as u64 / 2))
+            .collect();
+        let history = self.history.clone();
+        let term_who = who.clone();
+        let run = election.run(move |leadership| {
+            let (history, who, steps) = (history.clone(), term_who.clone(), steps.clone());
+            async move {
+                let remaining = |now: f64| now + leadership.remaining().as_secs_f64() * 1000.0;
+                let from = history.now();
+                let mut claim = Claim {
+                    mode: Mode::Exclusive,
+                    who: who.clone(),
+                    token: format!("term {}", leadership.term()),
+                    resources: vec![ELECTION.to_owned()],
+                    fence: Some(leadership.term()),
+                    from,
+                    until: remaining(from),
+                };
+                history.record().grants += 1;
+                history.event(|| format!("{who} leads, term {}", leadership.term()));
+                for step in steps {
+                    tokio::time::sleep(Duration::from_millis(step)).await;
+                    if leadership.check().is_err() {
+                        break;
+                    }
+                    claim.until = remaining(history.now());
+                }
+                claim.until = claim.until.min(history.now());
+                history.record().claims.push(claim);
+                Ok::<(), Error>(())
+            }
+        });
+        let ended = tokio::time::timeout(self.scenario.acquire_timeout, run).await;
+        if ended.is_err() {
+            self.history
+                .event(|| format!("{who} gave up its candidacy"));
+        }
+    }
+}
+
+/// The election every client runs in.
+pub const ELECTION: &str = "leader";
 
 /// The semaphore every client shares.
 pub const SEMAPHORE: &str = "sem";

@@ -92,7 +92,7 @@ fn a_release_overtaking_its_acquire_is_found() {
 
 #[test]
 fn a_failed_shortening_extension_that_keeps_the_old_expiry_is_found() {
-    let (with, without) = planted(2713, Plant::ShorteningExtend);
+    let (with, without) = planted(288, Plant::ShorteningExtend);
     assert!(with.iter().any(|v| v.contains("two holders")), "{with:?}");
     assert!(without.is_empty(), "{without:?}");
 }
