@@ -56,11 +56,12 @@ pub struct Options {
 
 /// Runs the seed `seed`.
 pub fn run_seed(seed: u64, options: Options) -> Outcome {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_time().start_paused(true);
+    // The order in which `tokio::select!` polls its branches, from the seed too.
+    #[cfg(tokio_unstable)]
+    builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()));
+    let runtime = match builder.build() {
         Ok(runtime) => runtime,
         Err(err) => {
             return Outcome {
