@@ -44,11 +44,14 @@ mod lua;
 mod network;
 pub(crate) mod profile;
 mod reply;
+mod requests;
 mod scan;
 pub(crate) mod server;
+mod servers;
 mod set;
 mod sorted_set;
 mod tail;
+mod wire;
 mod zset;
 
 #[cfg(test)]
@@ -68,9 +71,9 @@ mod script_tests;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use network::{SimEndpoint, Wire};
-pub use network::{SimFault, SimServers};
 pub use profile::Profile;
+pub use servers::{SimFault, SimServers};
+pub(crate) use wire::{SimEndpoint, Wire};
 
 /// Makes this thread a simulation's: from now on every random choice redfence makes on it
 /// (lock tokens, retry jitter, a semaphore's first slot, identities) comes from `seed`, and

@@ -1,126 +1,72 @@
-//! [`SimServers`]: simulated Redis servers behind simulated connections, for tests and the
-//! deterministic simulation. Each server runs redfence's real scripts ([`SimServer`]) on a
-//! clock of its own; requests reach it in order after a latency and run one at a time;
-//! faults (a pause, a restart without persistence, a reset connection, `BUSY` / `LOADING` /
-//! `OOM` replies, a clock that drifts or jumps) are injected by the test.
-//!
-//! Everything runs on Tokio's clock: under a paused clock (`start_paused`) a run is decided by
-//! its seed alone.
+//! The simulated network under [`SimServers`](super::SimServers): each server's requests arrive after their
+//! latency, in each connection's order, and run one at a time on its driver task while it is
+//! not paused; faults apply as they run; replies travel back after their own latency.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use rand::Rng;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use redis::{RedisError, Value};
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::SimServer;
-use super::profile::Profile;
-
-/// What a simulated server's clock reads when the set starts (some day in 2023, in ms since
-/// the Unix epoch), so that `TIME` looks like a real clock.
-const EPOCH_MS: u64 = 1_700_000_000_000;
-
-/// A fault a simulated server answers its next request with (see [`SimServers::fail_next`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum SimFault {
-    /// `BUSY`: a script is running (every command of the request is refused).
-    Busy,
-    /// `LOADING`: the server is loading its data set.
-    Loading,
-    /// `OOM`: the server is out of memory (commands that would add data are refused).
-    Oom,
-    /// The connection is reset with the request on the way: the server ran it (`applied`) or
-    /// never saw it, and its reply is lost either way. Every request sent on the server's
-    /// connections before it and not yet answered is lost with it.
-    Reset {
-        /// Whether the server ran the request before the connection broke.
-        applied: bool,
-    },
-}
-
-/// A set of simulated Redis servers (7.0 by default; Valkey 9.1 or Redis 8.6 by
-/// [`with_profile`](Self::with_profile)) for a `Redlock` to vote over, driven by Tokio's clock.
-///
-/// Build a client over them with [`SimServers::addrs`] and the usual builder, then steer the
-/// servers: pause one, restart it, expire a lock, shift its clock. Create the set inside the
-/// Tokio runtime that will use it (its clocks start at Tokio's now).
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-/// # async fn main() -> Result<(), redfence::Error> {
-/// use std::time::Duration;
-/// use redfence::Redlock;
-/// use redfence::testing::SimServers;
-///
-/// let servers = SimServers::new(3);
-/// let redlock = Redlock::builder().nodes(servers.addrs()).build()?;
-/// let lock = redlock.acquire(&["invoice:42"], Duration::from_secs(10)).await?;
-/// assert_eq!(servers.holders("invoice:42"), 3);
-/// lock.release().await?;
-/// assert_eq!(servers.holders("invoice:42"), 0);
-/// # Ok(())
-/// # }
-/// ```
-#[derive(Clone)]
-pub struct SimServers {
-    net: Arc<Network>,
-}
+use super::requests::{adds_data, describe, refuse, releases, summarize};
+use super::servers::{EPOCH_MS, SimFault};
+use super::wire::reset;
 
 /// What the servers, their connections and their drivers share.
 pub(crate) struct Network {
-    nodes: Vec<Mutex<Node>>,
+    pub(super) nodes: Vec<Mutex<Node>>,
     /// The latencies' generator (seeded: see [`SimServers::with_seed`]).
-    rng: Mutex<StdRng>,
+    pub(super) rng: Mutex<StdRng>,
     /// Tokio's instant at which every server's clock read [`EPOCH_MS`].
-    started: Instant,
+    pub(super) started: Instant,
     /// The requests run, as lines, when tracing.
-    trace: Mutex<Option<Vec<String>>>,
+    pub(super) trace: Mutex<Option<Vec<String>>>,
     /// Keys set to a token after its release ran on the server: (server, key, token).
-    ghosts: Mutex<Vec<(usize, String, String)>>,
+    pub(super) ghosts: Mutex<Vec<(usize, String, String)>>,
     /// Numbers the connections.
-    connections: AtomicU64,
+    pub(super) connections: AtomicU64,
 }
 
 /// One simulated server and what is on its way to it.
-struct Node {
-    server: SimServer,
+pub(super) struct Node {
+    pub(super) server: SimServer,
     /// Requests that have not run yet, in the order they were sent (each connection's in its
     /// order; between connections, those ready together run in an order drawn from the seed,
     /// as a server that resumes reads its sockets).
-    inbox: VecDeque<Delivery>,
+    pub(super) inbox: VecDeque<Delivery>,
     /// Wakes the driver: a request arrived, the server resumed.
-    wake: Arc<Notify>,
-    driver: Option<JoinHandle<()>>,
-    paused: bool,
+    pub(super) wake: Arc<Notify>,
+    pub(super) driver: Option<JoinHandle<()>>,
+    pub(super) paused: bool,
     /// Counts the restarts and resets: a connection of an older one is broken.
-    incarnation: u64,
+    pub(super) incarnation: u64,
     /// Each connection's latest arrival and reply so far (both keep its order).
-    lines: BTreeMap<u64, (Instant, Instant)>,
+    pub(super) lines: BTreeMap<u64, (Instant, Instant)>,
     /// The one-way latency, drawn uniformly in this range for each request and each reply.
-    latency: (Duration, Duration),
+    pub(super) latency: (Duration, Duration),
     /// The server's clock: `EPOCH_MS + offset_ms + rate × elapsed`.
-    offset_ms: i64,
-    rate: f64,
+    pub(super) offset_ms: i64,
+    pub(super) rate: f64,
     /// Faults for the next requests, in order.
-    faults: VecDeque<SimFault>,
+    pub(super) faults: VecDeque<SimFault>,
     /// The tokens whose release has run here: a key set to one of them afterwards is a
     /// ghost (a lock's release overtaken by its own earlier request).
-    released: std::collections::BTreeSet<Vec<u8>>,
+    pub(super) released: std::collections::BTreeSet<Vec<u8>>,
 }
 
 /// A request on its way to a server: its commands (a pipeline, or one).
-struct Delivery {
+pub(super) struct Delivery {
     arrive_at: Instant,
     commands: Vec<Vec<Vec<u8>>>,
-    incarnation: u64,
+    pub(super) incarnation: u64,
     /// The connection it was sent on.
     line: u64,
     fault: Option<SimFault>,
@@ -128,232 +74,18 @@ struct Delivery {
 }
 
 /// `mutex`'s guard, poisoned or not (a panic holding it has failed the test already).
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl SimServers {
-    /// `n` healthy servers with a latency of 50–500 µs each way.
-    pub fn new(n: usize) -> Self {
-        Self::with_seed(n, 0)
-    }
-
-    /// `n` healthy servers whose latencies are drawn from `seed`.
-    pub fn with_seed(n: usize, seed: u64) -> Self {
-        Self::with_profile(n, seed, Profile::Redis7)
-    }
-
-    /// `n` healthy servers that answer as `profile` does (its plain commands, its `INFO`),
-    /// their latencies drawn from `seed`.
-    pub fn with_profile(n: usize, seed: u64, profile: Profile) -> Self {
-        let now = Instant::now();
-        let nodes = (0..n)
-            .map(|index| {
-                let mut server = SimServer::with_profile(profile, EPOCH_MS);
-                server.set_serial(index as u64);
-                Mutex::new(Node {
-                    server,
-                    inbox: VecDeque::new(),
-                    wake: Arc::new(Notify::new()),
-                    driver: None,
-                    paused: false,
-                    incarnation: 0,
-                    lines: BTreeMap::new(),
-                    latency: (Duration::from_micros(50), Duration::from_micros(500)),
-                    offset_ms: 0,
-                    rate: 1.0,
-                    faults: VecDeque::new(),
-                    released: std::collections::BTreeSet::new(),
-                })
-            })
-            .collect();
-        SimServers {
-            net: Arc::new(Network {
-                nodes,
-                rng: Mutex::new(StdRng::seed_from_u64(seed)),
-                started: now,
-                trace: Mutex::new(None),
-                ghosts: Mutex::new(Vec::new()),
-                connections: AtomicU64::new(0),
-            }),
-        }
-    }
-
-    /// How many servers there are.
-    pub fn len(&self) -> usize {
-        self.net.nodes.len()
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.net.nodes.is_empty()
-    }
-
-    /// The servers' addresses, for [`RedlockBuilder::nodes`](crate::RedlockBuilder::nodes).
-    pub fn addrs(&self) -> Vec<crate::NodeAddr> {
-        (0..self.len())
-            .map(|index| {
-                crate::NodeAddr::simulated(SimEndpoint {
-                    net: Arc::clone(&self.net),
-                    index,
-                })
-            })
-            .collect()
-    }
-
-    /// Server `index`, or a panic naming the index (a test's mistake).
-    fn node(&self, index: usize) -> MutexGuard<'_, Node> {
-        match self.net.nodes.get(index) {
-            Some(node) => lock(node),
-            None => panic!("no simulated server {index} (there are {})", self.len()),
-        }
-    }
-
-    /// Stops server `index` from running anything: requests wait for [`resume`](Self::resume)
-    /// (as behind a `SIGSTOP`), their callers time out meanwhile.
-    pub fn pause(&self, index: usize) {
-        self.node(index).paused = true;
-    }
-
-    /// Lets server `index` run again, the requests that waited first, in order.
-    pub fn resume(&self, index: usize) {
-        let mut node = self.node(index);
-        node.paused = false;
-        node.wake.notify_one();
-    }
-
-    /// Restarts server `index` without persistence: every key and loaded script is gone, its
-    /// `run_id` is new and its uptime starts again; its connections break, and the requests
-    /// still on their way are lost.
-    pub fn restart(&self, index: usize) {
-        let mut node = self.node(index);
-        node.server.restart();
-        node.incarnation += 1;
-    }
-
-    /// Breaks every connection to server `index` (its keys stay): requests on their way are
-    /// lost, the next call reconnects.
-    pub fn reset_connections(&self, index: usize) {
-        self.node(index).incarnation += 1;
-    }
-
-    /// Answers server `index`'s next request with `fault` (after any faults already set).
-    pub fn fail_next(&self, index: usize, fault: SimFault) {
-        self.node(index).faults.push_back(fault);
-    }
-
-    /// Sets server `index`'s one-way latency: each request and each reply takes a time drawn
-    /// uniformly between `min` and `max` (the order of a connection is kept).
-    pub fn set_latency(&self, index: usize, min: Duration, max: Duration) {
-        self.node(index).latency = (min, max.max(min));
-    }
-
-    /// Moves server `index`'s clock by `by_ms` milliseconds at once (a jump; keys with a TTL
-    /// expire by that clock).
-    pub fn shift_clock(&self, index: usize, by_ms: i64) {
-        let mut node = self.node(index);
-        node.offset_ms = node.offset_ms.saturating_add(by_ms);
-    }
-
-    /// Makes server `index`'s clock run at `rate` times the true rate from now on (1.01: 1 %
-    /// fast), its reading continuous.
-    pub fn set_clock_rate(&self, index: usize, rate: f64) {
-        let elapsed = self.net.elapsed_ms() as f64;
-        let mut node = self.node(index);
-        let now = node.offset_ms as f64 + node.rate * elapsed;
-        node.rate = rate;
-        node.offset_ms = (now - rate * elapsed).round() as i64;
-    }
-
-    /// Runs `f` on server `index`, its clock set to now.
-    fn with_server<R>(&self, index: usize, f: impl FnOnce(&mut SimServer) -> R) -> R {
-        let mut node = self.node(index);
-        let now = self.net.server_ms(&node);
-        node.server.set_time(now);
-        f(&mut node.server)
-    }
-
-    /// Expires `key` at once on every server (as its TTL running out would).
-    pub fn expire(&self, key: &str) {
-        for index in 0..self.len() {
-            self.with_server(index, |server| {
-                server.command(&[b"DEL".to_vec(), key.as_bytes().to_vec()])
-            });
-        }
-    }
-
-    /// The string value at `key` on server `index`, if it holds one that has not expired.
-    pub fn get(&self, index: usize, key: &str) -> Option<Vec<u8>> {
-        self.with_server(index, |server| server.get(key))
-    }
-
-    /// On how many servers `key` holds a value that has not expired.
-    pub fn holders(&self, key: &str) -> usize {
-        (0..self.len())
-            .filter(|&index| self.get(index, key).is_some())
-            .count()
-    }
-
-    /// The keys of server `index` that have not expired, sorted.
-    pub fn keys(&self, index: usize) -> Vec<String> {
-        let reply = self.with_server(index, |server| {
-            server.command(&[b"SCAN".to_vec(), b"0".to_vec()])
-        });
-        // One reply holds every key: [cursor 0, keys].
-        let mut keys: Vec<String> = match reply {
-            Value::Array(mut reply) if reply.len() == 2 => match reply.pop() {
-                Some(Value::Array(keys)) => keys,
-                _ => Vec::new(),
-            }
-            .into_iter()
-            .filter_map(|key| match key {
-                Value::BulkString(bytes) => Some(String::from_utf8_lossy(&bytes).into_owned()),
-                _ => None,
-            })
-            .collect(),
-            _ => Vec::new(),
-        };
-        keys.sort();
-        keys
-    }
-
-    /// Keys that were set to a lock's token after that lock's release had run on their
-    /// server (a release overtaken by its own acquire or extension): (server, key, token).
-    pub fn ghosts(&self) -> Vec<(usize, String, String)> {
-        lock(&self.net.ghosts).clone()
-    }
-
-    /// Starts recording every request the servers run (see [`take_trace`](Self::take_trace)).
-    pub fn trace(&self) {
-        *lock(&self.net.trace) = Some(Vec::new());
-    }
-
-    /// The requests run since the last call, one line each: the simulated time, the server,
-    /// the commands and the replies.
-    pub fn take_trace(&self) -> Vec<String> {
-        lock(&self.net.trace)
-            .as_mut()
-            .map(std::mem::take)
-            .unwrap_or_default()
-    }
-}
-
-impl std::fmt::Debug for SimServers {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SimServers")
-            .field("servers", &self.len())
-            .finish_non_exhaustive()
-    }
 }
 
 impl Network {
     /// Milliseconds since the set started, on Tokio's clock.
-    fn elapsed_ms(&self) -> u64 {
+    pub(super) fn elapsed_ms(&self) -> u64 {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     /// `node`'s clock now, in ms since the Unix epoch.
-    fn server_ms(&self, node: &Node) -> u64 {
+    pub(super) fn server_ms(&self, node: &Node) -> u64 {
         let reading = node.offset_ms as f64 + node.rate * self.elapsed_ms() as f64;
         EPOCH_MS.saturating_add_signed(reading.round() as i64)
     }
@@ -368,7 +100,7 @@ impl Network {
 
     /// Sends `commands` to server `index` on connection `line` of `incarnation`: their
     /// replies, or a lost connection.
-    async fn send(
+    pub(super) async fn send(
         self: &Arc<Self>,
         index: usize,
         (incarnation, line): (u64, u64),
@@ -579,259 +311,5 @@ impl Network {
             }
         }
         lines.push(line);
-    }
-}
-
-/// A command, shortly: its name, and for a script call its keys and arguments (tokens cut
-/// to 8 characters).
-fn describe(args: &[Vec<u8>]) -> String {
-    let word = |arg: &Vec<u8>| {
-        let text = String::from_utf8_lossy(arg);
-        if text.len() == 32 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
-            text[..8].to_owned()
-        } else {
-            text.chars().take(24).collect()
-        }
-    };
-    let name = args
-        .first()
-        .map(word)
-        .unwrap_or_default()
-        .to_ascii_uppercase();
-    match name.as_str() {
-        "EVALSHA" | "EVAL" => {
-            let keys = args
-                .get(2)
-                .and_then(|n| String::from_utf8_lossy(n).parse::<usize>().ok())
-                .unwrap_or(0);
-            let listed = |from: usize, to: usize| {
-                args.get(from..to.min(args.len()))
-                    .unwrap_or_default()
-                    .iter()
-                    .map(word)
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            };
-            let sha = args.get(1).map(word).unwrap_or_default();
-            let mut text = format!(
-                "{name} {} [{}] {}",
-                sha.get(..8).unwrap_or(&sha),
-                listed(3, 3 + keys),
-                listed(3 + keys, args.len())
-            );
-            if text.len() > 140 {
-                text = text.chars().take(140).collect::<String>() + "…";
-            }
-            text
-        }
-        "INFO" | "SCRIPT" => name,
-        _ => args.iter().take(4).map(word).collect::<Vec<_>>().join(" "),
-    }
-}
-
-/// Replies, shortly.
-fn summarize(replies: &[Value]) -> String {
-    let text = format!("{replies:?}");
-    if text.len() > 100 {
-        let cut: String = text.chars().take(100).collect();
-        format!("{cut}…")
-    } else {
-        text
-    }
-}
-
-/// The keys a command names and the tokens it releases: a call of the batch script
-/// (`r`, `R` and `n` operations; see `scripts/batch.lua`) or a plain compare-and-delete.
-fn releases(args: &[Vec<u8>]) -> (Vec<&[u8]>, Vec<Vec<u8>>) {
-    let name = args
-        .first()
-        .map(|n| n.to_ascii_uppercase())
-        .unwrap_or_default();
-    let arg = |i: usize| args.get(i).map(Vec::as_slice).unwrap_or_default();
-    match name.as_slice() {
-        b"DELIFEQ" => (vec![arg(1)], vec![arg(2).to_vec()]),
-        b"DELEX" if arg(2).eq_ignore_ascii_case(b"IFEQ") => (vec![arg(1)], vec![arg(3).to_vec()]),
-        b"SET" => (vec![arg(1)], Vec::new()),
-        b"EVALSHA" | b"EVAL" => {
-            let count = |i: usize| {
-                std::str::from_utf8(arg(i))
-                    .ok()
-                    .and_then(|n| n.parse::<usize>().ok())
-                    .unwrap_or(0)
-            };
-            let keys = count(2);
-            let named: Vec<&[u8]> = (3..3 + keys).map(arg).collect();
-            let mut released = Vec::new();
-            // Only the batch script's operations have this shape; other scripts name keys.
-            let mut i = 3 + keys;
-            let mut key = 0;
-            while i + 3 < args.len() {
-                let kind = arg(i);
-                let n = count(i + 3);
-                if matches!(kind, b"r" | b"R" | b"n") {
-                    released.push(arg(i + 1).to_vec());
-                }
-                key += n;
-                i += 4 + match kind {
-                    b"f" | b"l" | b"R" => 3,
-                    k if k.len() == 2 => 2,
-                    _ => 0,
-                };
-            }
-            let _ = key;
-            (named, released)
-        }
-        _ => (Vec::new(), Vec::new()),
-    }
-}
-
-/// Whether a command may add data (what a server over its memory limit refuses): a `SET`,
-/// or a call of redfence's scripts that acquires (batch operations `a`, `f`, `ra`, `wa`), sets
-/// missing keys again (`E`) or writes the memory marker (`scripts/memory.lua`, whose first key
-/// is the marker).
-fn adds_data(args: &[Vec<u8>]) -> bool {
-    let name = args
-        .first()
-        .map(|n| n.to_ascii_uppercase())
-        .unwrap_or_default();
-    match name.as_slice() {
-        b"SET" => true,
-        b"EVALSHA" | b"EVAL" => {
-            let keys = args
-                .get(2)
-                .and_then(|n| std::str::from_utf8(n).ok()?.parse::<usize>().ok())
-                .unwrap_or(0);
-            let marker_first = args
-                .get(3)
-                .is_some_and(|key| key.ends_with(b"redfence:memory"));
-            let argv = args.get(3 + keys..).unwrap_or_default();
-            marker_first
-                || argv
-                    .iter()
-                    .any(|arg| matches!(arg.as_slice(), b"a" | b"f" | b"E" | b"ra" | b"wa"))
-        }
-        _ => false,
-    }
-}
-
-/// The error reply `message` for each of `commands`.
-fn refuse(commands: &[Vec<Vec<u8>>], message: &str) -> Vec<Value> {
-    commands
-        .iter()
-        .map(|_| super::reply::error(message))
-        .collect()
-}
-
-/// A connection reset by the peer.
-fn reset() -> RedisError {
-    RedisError::from(std::io::Error::new(
-        std::io::ErrorKind::ConnectionReset,
-        "simulated connection reset",
-    ))
-}
-
-/// One simulated server, as a node address names it.
-#[derive(Clone)]
-pub(crate) struct SimEndpoint {
-    net: Arc<Network>,
-    index: usize,
-}
-
-impl SimEndpoint {
-    /// How the server is named in messages and rosters.
-    pub(crate) fn name(&self) -> String {
-        format!("sim:{}", self.index)
-    }
-
-    /// A connection to the server (as redis-rs's connection manager: after a lost
-    /// connection, the next call reconnects).
-    pub(crate) fn connect(&self) -> Wire {
-        let wire = Wire {
-            net: Arc::clone(&self.net),
-            index: self.index,
-            line: Arc::new(Mutex::new((0, 0))),
-        };
-        wire.reconnect();
-        wire
-    }
-}
-
-impl std::fmt::Debug for SimEndpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.name())
-    }
-}
-
-/// A connection to a simulated server, shared by its clones (a multiplexed connection).
-#[derive(Clone)]
-pub(crate) struct Wire {
-    net: Arc<Network>,
-    index: usize,
-    /// The server incarnation it is connected to, and the connection's number: a reset or a
-    /// restart breaks it once, then the next call is on a new connection.
-    line: Arc<Mutex<(u64, u64)>>,
-}
-
-impl Wire {
-    /// Connects again: to the server's current incarnation, as a new connection.
-    fn reconnect(&self) {
-        let incarnation = self
-            .net
-            .nodes
-            .get(self.index)
-            .map_or(0, |node| lock(node).incarnation);
-        let number = self.net.connections.fetch_add(1, Ordering::Relaxed);
-        *lock(&self.line) = (incarnation, number);
-    }
-
-    /// Sends `commands`; a lost connection fails this call, and the next reconnects.
-    async fn call(&self, commands: Vec<Vec<Vec<u8>>>) -> Result<Vec<Value>, RedisError> {
-        let line = *lock(&self.line);
-        let result = self.net.send(self.index, line, commands).await;
-        if result.is_err() && *lock(&self.line) == line {
-            self.reconnect();
-        }
-        result
-    }
-}
-
-/// A command's arguments as bytes.
-fn args_of(cmd: &redis::Cmd) -> Vec<Vec<u8>> {
-    cmd.args_iter()
-        .map(|arg| match arg {
-            redis::Arg::Simple(bytes) => bytes.to_vec(),
-            // A cursor argument (the only other kind): the simulated scans end at once.
-            _ => b"0".to_vec(),
-        })
-        .collect()
-}
-
-impl redis::aio::ConnectionLike for Wire {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
-        Box::pin(async move {
-            let mut replies = self.call(vec![args_of(cmd)]).await?;
-            match replies.pop() {
-                Some(Value::ServerError(err)) => Err(err.into()),
-                Some(value) => Ok(value),
-                None => Err(reset()),
-            }
-        })
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> redis::RedisFuture<'a, Vec<Value>> {
-        Box::pin(async move {
-            let commands = pipeline.cmd_iter().map(args_of).collect();
-            let replies = self.call(commands).await?;
-            Ok(replies.into_iter().skip(offset).take(count).collect())
-        })
-    }
-
-    fn get_db(&self) -> i64 {
-        0
     }
 }
