@@ -74,8 +74,10 @@ impl Leadership {
         self.state.cloned_error()
     }
 
-    /// How long leadership is guaranteed without another successful renewal: the time left
-    /// until the renew deadline (zero once lost). Grows back after every renewal.
+    /// How long leadership is guaranteed without another successful renewal, unless it is
+    /// lost first (the signal fires: a majority answered that the lock is gone, or a resign;
+    /// the term then steps down, and another candidate may lead): the time left until the
+    /// renew deadline (zero once lost). Grows back after every renewal.
     pub fn remaining(&self) -> Duration {
         if self.is_lost() {
             return Duration::ZERO;

@@ -169,6 +169,20 @@ impl Client {
                 };
                 history.record().grants += 1;
                 history.event(|| format!("{who} leads, term {}", leadership.term()));
+                // The routine must stop leading when the signal fires (the term then steps
+                // down and another may lead): the claim ends there at the latest.
+                let fired = std::sync::Arc::new(std::sync::Mutex::new(None::<f64>));
+                let watcher = {
+                    let (leadership, history, fired) =
+                        (leadership.clone(), history.clone(), fired.clone());
+                    tokio::spawn(async move {
+                        leadership.lost().await;
+                        let at = history.now();
+                        *fired
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(at);
+                    })
+                };
                 for step in steps {
                     tokio::time::sleep(Duration::from_millis(step)).await;
                     if leadership.check().is_err() {
@@ -176,7 +190,14 @@ impl Client {
                     }
                     claim.until = remaining(history.now());
                 }
-                claim.until = claim.until.min(history.now());
+                watcher.abort();
+                let fired = *fired
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                claim.until = claim
+                    .until
+                    .min(history.now())
+                    .min(fired.unwrap_or(f64::MAX));
                 history.record().claims.push(claim);
                 Ok::<(), Error>(())
             }
