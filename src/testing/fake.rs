@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use redis::aio::ConnectionLike;
-use redis::{Arg, Cmd, RedisFuture, Value};
+use redis::{Cmd, RedisFuture, Value};
 use tokio::time::{Instant, Sleep};
 
 use super::SimServer;
@@ -298,14 +298,7 @@ impl SimConnection {
 
     /// Runs `cmd` on the server.
     fn run_cmd(&self, cmd: &Cmd) -> Value {
-        let args: Vec<Vec<u8>> = cmd
-            .args_iter()
-            .map(|arg| match arg {
-                Arg::Simple(bytes) => bytes.to_vec(),
-                _ => b"0".to_vec(),
-            })
-            .collect();
-        self.run(&args)
+        self.run(&super::server::args_of(cmd))
     }
 }
 

@@ -86,21 +86,17 @@ pub(super) fn releases(args: &[Vec<u8>]) -> (Vec<&[u8]>, Vec<Vec<u8>>) {
             let mut released = Vec::new();
             // Only the batch script's operations have this shape; other scripts name keys.
             let mut i = 3 + keys;
-            let mut key = 0;
             while i + 3 < args.len() {
                 let kind = arg(i);
-                let n = count(i + 3);
                 if matches!(kind, b"r" | b"R" | b"n") {
                     released.push(arg(i + 1).to_vec());
                 }
-                key += n;
                 i += 4 + match kind {
                     b"f" | b"l" | b"R" => 3,
                     k if k.len() == 2 => 2,
                     _ => 0,
                 };
             }
-            let _ = key;
             (named, released)
         }
         _ => (Vec::new(), Vec::new()),

@@ -131,15 +131,7 @@ impl SimServer {
 
     /// Runs `cmd` (a redis-rs command, as a link would send it) as [`SimServer::command`].
     pub(crate) fn run_cmd(&mut self, cmd: &redis::Cmd) -> Value {
-        let args: Vec<Vec<u8>> = cmd
-            .args_iter()
-            .map(|arg| match arg {
-                redis::Arg::Simple(bytes) => bytes.to_vec(),
-                // A cursor argument (the only other kind): this server's scans end at once.
-                _ => b"0".to_vec(),
-            })
-            .collect();
-        self.command(&args)
+        self.command(&args_of(cmd))
     }
 
     /// `EVAL script numkeys key... arg...` (`source`), or `EVALSHA sha1 numkeys ...`.
@@ -288,4 +280,15 @@ fn unknown(args: &[Vec<u8>]) -> Value {
     reply::error(&format!(
         "ERR unknown command '{name}', with args beginning with: {shown}"
     ))
+}
+
+/// A redis-rs command's arguments as a server receives them.
+pub(crate) fn args_of(cmd: &redis::Cmd) -> Vec<Vec<u8>> {
+    cmd.args_iter()
+        .map(|arg| match arg {
+            redis::Arg::Simple(bytes) => bytes.to_vec(),
+            // A cursor argument (the only other kind): the simulated scans end at once.
+            _ => b"0".to_vec(),
+        })
+        .collect()
 }

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use redis::{RedisError, Value};
 
 use super::network::{Network, lock};
+use super::server::args_of;
 
 /// A connection reset by the peer.
 pub(super) fn reset() -> RedisError {
@@ -79,17 +80,6 @@ impl Wire {
         }
         result
     }
-}
-
-/// A command's arguments as bytes.
-fn args_of(cmd: &redis::Cmd) -> Vec<Vec<u8>> {
-    cmd.args_iter()
-        .map(|arg| match arg {
-            redis::Arg::Simple(bytes) => bytes.to_vec(),
-            // A cursor argument (the only other kind): the simulated scans end at once.
-            _ => b"0".to_vec(),
-        })
-        .collect()
 }
 
 impl redis::aio::ConnectionLike for Wire {

@@ -37,6 +37,25 @@ impl FencedStore {
             false
         }
     }
+
+    /// Offers `who`'s write with `fence` to each of `resources`, and records what the store
+    /// did with it.
+    pub fn offer(&self, history: &History, who: &str, resources: &[String], fence: u64) {
+        for resource in resources {
+            let accepted = self.write(resource, fence);
+            let at = history.now();
+            history.event(|| {
+                format!("{who} writes {resource} with fence {fence}: accepted {accepted}")
+            });
+            history.record().writes.push(Write {
+                who: who.to_owned(),
+                resource: resource.clone(),
+                fence,
+                at,
+                accepted,
+            });
+        }
+    }
 }
 
 /// One client's part of the run.
@@ -99,20 +118,7 @@ impl Client {
                 .event(|| format!("{who} stalls {} ms before its write", stall.as_millis()));
             tokio::time::sleep(stall).await;
         }
-        for resource in resources {
-            let accepted = self.store.write(resource, fence);
-            let at = self.history.now();
-            self.history.event(|| {
-                format!("{who} writes {resource} with fence {fence}: accepted {accepted}")
-            });
-            self.history.record().writes.push(Write {
-                who: who.to_owned(),
-                resource: resource.clone(),
-                fence,
-                at,
-                accepted,
-            });
-        }
+        self.store.offer(&self.history, who, resources, fence);
     }
 }
 

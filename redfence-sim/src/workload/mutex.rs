@@ -8,7 +8,7 @@ use rand::Rng;
 use redfence::Lock;
 
 use super::{Client, kind, short};
-use crate::history::{Claim, Mode, Write};
+use crate::history::{Claim, Mode};
 
 impl Client {
     /// Acquires, checks the time it took, and notes the grant.
@@ -168,20 +168,7 @@ impl Client {
                         if stall {
                             tokio::time::sleep(ttl).await;
                         }
-                        for resource in &scope_resources {
-                            let accepted = store.write(resource, fence);
-                            let at = history.now();
-                            history.event(|| {
-                                format!("{who} writes {resource} with fence {fence}: accepted {accepted}")
-                            });
-                            history.record().writes.push(Write {
-                                who: who.clone(),
-                                resource: resource.clone(),
-                                fence,
-                                at,
-                                accepted,
-                            });
-                        }
+                        store.offer(&history, &who, &scope_resources, fence);
                     }
                 }
                 watcher.abort();
