@@ -6,7 +6,9 @@
 //! steers the servers: [`pause`](SimServers::pause) one, [`restart`](SimServers::restart) it,
 //! [`expire`](SimServers::expire) a lock, make its next reply a [`SimFault`], shift its clock.
 //! Under a paused Tokio clock (`#[tokio::test(start_paused = true)]`) and [`seed_thread`], a
-//! run is decided by its seeds alone.
+//! run is decided by its seeds alone. The client's clock is Tokio's: a stall of the process
+//! (a GC pause between a check and a write) is a `tokio::time::sleep` in the code under test,
+//! or `tokio::time::advance` in the test, and takes no real time.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
