@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use redis::{Client, ConnectionAddr, ErrorKind, RedisError};
+use redis::{Client, ConnectionAddr, RedisError};
 
 /// The TLS feature this build has, for messages: `None` when redfence was built without one.
 const TLS_FEATURE: Option<&str> = if cfg!(feature = "tls-rustls") {
@@ -13,6 +13,30 @@ const TLS_FEATURE: Option<&str> = if cfg!(feature = "tls-rustls") {
 } else {
     None
 };
+
+/// Why a URL with its TLS settings makes no client; found before any traffic.
+#[derive(Debug)]
+pub(crate) enum Unusable {
+    /// redis-rs refused the URL or the certificates.
+    Refused(RedisError),
+    /// A check of redfence's own: TLS settings on a plain URL, no TLS feature, an empty PEM.
+    Settings(&'static str),
+}
+
+impl fmt::Display for Unusable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unusable::Refused(err) => err.fmt(f),
+            Unusable::Settings(reason) => f.write_str(reason),
+        }
+    }
+}
+
+impl From<RedisError> for Unusable {
+    fn from(err: RedisError) -> Self {
+        Unusable::Refused(err)
+    }
+}
 
 /// What to say when TLS is asked for in a build without it.
 pub(crate) const TLS_DISABLED: &str = "TLS (`rediss://`) needs a TLS feature of redfence: enable \
@@ -116,18 +140,18 @@ impl fmt::Debug for Tls {
 /// The client for `client`'s server, with `tls` applied. Fails, before any traffic, when the
 /// URL asks for TLS in a build without a TLS feature, when TLS settings are given for a
 /// non-TLS URL, or when a certificate or key does not parse.
-pub(crate) fn tls_client(client: Client, tls: Option<&Tls>) -> Result<Client, RedisError> {
+pub(crate) fn tls_client(client: Client, tls: Option<&Tls>) -> Result<Client, Unusable> {
     let info = client.get_connection_info().clone();
     let ConnectionAddr::TcpTls { host, port, .. } = info.addr().clone() else {
         return match tls {
             None => Ok(client),
-            Some(_) => Err(invalid(
+            Some(_) => Err(Unusable::Settings(
                 "TLS settings were given for a URL without TLS: use `rediss://`",
             )),
         };
     };
     if TLS_FEATURE.is_none() {
-        return Err(invalid(TLS_DISABLED));
+        return Err(Unusable::Settings(TLS_DISABLED));
     }
     install_crypto_provider();
     let Some(tls) = tls else {
@@ -143,17 +167,17 @@ pub(crate) fn tls_client(client: Client, tls: Option<&Tls>) -> Result<Client, Re
 }
 
 /// The client for `url` (`redis://`, `rediss://`, `redis+unix://`), with `tls` applied.
-pub(crate) fn open(url: &str, tls: Option<&Tls>) -> Result<Client, RedisError> {
+pub(crate) fn open(url: &str, tls: Option<&Tls>) -> Result<Client, Unusable> {
     if TLS_FEATURE.is_none() && url.trim_start().starts_with("rediss://") {
-        return Err(invalid(TLS_DISABLED));
+        return Err(Unusable::Settings(TLS_DISABLED));
     }
     tls_client(Client::open(url)?, tls)
 }
 
 #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
-fn with_certificates(info: redis::ConnectionInfo, tls: &Tls) -> Result<Client, RedisError> {
+fn with_certificates(info: redis::ConnectionInfo, tls: &Tls) -> Result<Client, Unusable> {
     if tls.ca_pem.is_none() && tls.client_identity.is_none() {
-        return Client::open(info);
+        return Ok(Client::open(info)?);
     }
     // The parsers skip text that is not PEM: an empty trust store would only fail at the
     // handshake, so say it now.
@@ -186,12 +210,12 @@ fn with_certificates(info: redis::ConnectionInfo, tls: &Tls) -> Result<Client, R
             }),
         root_cert: tls.ca_pem.clone(),
     };
-    Client::build_with_tls(info, certificates)
+    Ok(Client::build_with_tls(info, certificates)?)
 }
 
 #[cfg(not(any(feature = "tls-rustls", feature = "tls-native-tls")))]
-fn with_certificates(_: redis::ConnectionInfo, _: &Tls) -> Result<Client, RedisError> {
-    Err(invalid(TLS_DISABLED))
+fn with_certificates(_: redis::ConnectionInfo, _: &Tls) -> Result<Client, Unusable> {
+    Err(Unusable::Settings(TLS_DISABLED))
 }
 
 /// rustls needs a process-wide crypto provider; install its `ring` one unless the
@@ -208,16 +232,12 @@ fn install_crypto_provider() {
 fn install_crypto_provider() {}
 
 #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
-fn require_pem(pem: &[u8], marker: &[u8], missing: &'static str) -> Result<(), RedisError> {
+fn require_pem(pem: &[u8], marker: &[u8], missing: &'static str) -> Result<(), Unusable> {
     if pem.windows(marker.len()).any(|w| w == marker) {
         Ok(())
     } else {
-        Err(invalid(missing))
+        Err(Unusable::Settings(missing))
     }
-}
-
-fn invalid(reason: &'static str) -> RedisError {
-    RedisError::from((ErrorKind::InvalidClientConfig, reason))
 }
 
 #[cfg(test)]

@@ -27,8 +27,12 @@ fn server_error(line: &str) -> RedisError {
 fn only_connect_time_failures_need_a_new_connection() {
     let auth = server_error("-WRONGPASS invalid username-password pair");
     assert!(needs_new_connection(&auth));
-    let tls = RedisError::from((ErrorKind::Client, "handshake failed"));
-    assert!(needs_new_connection(&tls));
+    // A handshake that failed on the client's side, as redis-rs reports it.
+    #[cfg(feature = "tls-rustls")]
+    {
+        let untrusted = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        assert!(needs_new_connection(&RedisError::from(untrusted)));
+    }
     let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
     assert!(!needs_new_connection(&io));
     assert!(!needs_new_connection(&server_error(

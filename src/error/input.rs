@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-/// Why `RedlockBuilder::build` rejected the configuration. Nothing was connected.
+/// Why `RedlockBuilder::build` rejected the configuration, or `RedisCounter::open` its URL.
+/// Nothing was connected.
 ///
 /// Converts into [`Error::Config`](crate::Error::Config), so `?` works in a function that
 /// returns `redfence::Error`.
@@ -30,6 +31,16 @@ pub enum ConfigError {
         index: usize,
         /// The node's address, without credentials.
         addr: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A [`RedisCounter`](crate::RedisCounter)'s URL or TLS settings cannot work: the URL does
+    /// not parse, TLS settings on a `redis://` URL, a certificate or key that does not parse,
+    /// or `rediss://` without a TLS feature.
+    #[error("fencing counter URL {url:?} cannot be used: {reason}")]
+    BadCounterUrl {
+        /// The URL as given, its password redacted.
+        url: String,
         /// What is wrong.
         reason: String,
     },

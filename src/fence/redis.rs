@@ -10,8 +10,9 @@ use redis::{Client, Script};
 use super::batch::{Batcher, IssueBatch};
 use super::redis_stripes::StripedKeys;
 use super::{FencingCounter, Stripes};
+use crate::address;
 use crate::connection::{ServerConnection, Source, Tls, connect};
-use crate::error::BoxError;
+use crate::error::{BoxError, ConfigError};
 
 /// For each request of a batch in turn: reads every counter key of it, takes the largest
 /// value plus one (`INCR` for a single key) and stores it in every key; all atomically.
@@ -132,9 +133,10 @@ impl RedisCounter {
     ///
     /// # Errors
     ///
-    /// The URL does not parse, or asks for TLS in a build without a TLS feature.
-    pub fn open(url: &str) -> Result<Self, redis::RedisError> {
-        Ok(Self::new(connect::open(url, None)?))
+    /// [`ConfigError::BadCounterUrl`]: the URL does not parse, or asks for TLS in a build
+    /// without a TLS feature.
+    pub fn open(url: &str) -> Result<Self, ConfigError> {
+        Self::opened(url, None)
     }
 
     /// A counter on the `rediss://` server at `url`, with these [`Tls`] settings (a custom
@@ -142,10 +144,21 @@ impl RedisCounter {
     ///
     /// # Errors
     ///
-    /// The URL does not parse or is not `rediss://`, a certificate or key does not parse, or
-    /// redfence was built without a TLS feature.
-    pub fn open_with_tls(url: &str, tls: &Tls) -> Result<Self, redis::RedisError> {
-        Ok(Self::new(connect::open(url, Some(tls))?))
+    /// [`ConfigError::BadCounterUrl`]: the URL does not parse or is not `rediss://`, a
+    /// certificate or key does not parse, or redfence was built without a TLS feature.
+    pub fn open_with_tls(url: &str, tls: &Tls) -> Result<Self, ConfigError> {
+        Self::opened(url, Some(tls))
+    }
+
+    /// [`open`](Self::open) and [`open_with_tls`](Self::open_with_tls).
+    fn opened(url: &str, tls: Option<&Tls>) -> Result<Self, ConfigError> {
+        match connect::open(url, tls) {
+            Ok(client) => Ok(Self::new(client)),
+            Err(unusable) => Err(ConfigError::BadCounterUrl {
+                url: address::redact_url(url),
+                reason: unusable.to_string(),
+            }),
+        }
     }
 
     /// The prefix of every counter key: the key of a resource is `{prefix}{{resource}}`.
@@ -316,7 +329,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keys_are_hash_tagged() -> Result<(), redis::RedisError> {
+    fn keys_are_hash_tagged() -> Result<(), ConfigError> {
         let c = RedisCounter::open("redis://127.0.0.1:1")?;
         assert_eq!(c.key("invoice:4821"), "fence:{invoice:4821}");
         let c = c.prefix("app:fence:");
