@@ -357,3 +357,135 @@ async fn a_failed_attempt_waits_for_its_releases_on_the_quarantined_nodes() {
     }
     assert!(tasks.is_empty(), "nothing left to the background");
 }
+
+/// The pure arithmetic and the tally, without nodes.
+mod counting {
+    use super::*;
+
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn quorum_sizes() {
+        assert_eq!(
+            (1..=7).map(quorum).collect::<Vec<_>>(),
+            vec![1, 2, 2, 3, 3, 4, 4]
+        );
+    }
+
+    #[test]
+    fn validity_subtracts_elapsed_and_drift() {
+        let ttl = Duration::from_secs(10);
+        // drift = 10 s * 0.01 + 2 ms = 102 ms
+        assert_eq!(drift(ttl, 0.01), 102 * MS);
+        assert_eq!(validity(ttl, 100 * MS, 0.01), Some(ttl - 202 * MS));
+        assert_eq!(validity(ttl, ttl - 102 * MS, 0.01), None);
+        assert_eq!(validity(ttl, ttl, 0.01), None);
+        assert_eq!(validity(ttl, ttl * 2, 0.01), None);
+        assert_eq!(validity(3 * MS, Duration::ZERO, 0.0), Some(MS));
+    }
+
+    /// Five nodes: `grants` of them grant (the quarantined ones among them, by index), the
+    /// rest refuse.
+    fn round(op: Op, grants: &[usize], quarantined: &[usize]) -> Tally {
+        let mut tally = Tally::new(5);
+        for index in 0..5 {
+            let reply = if grants.contains(&index) { 1 } else { 0 };
+            let standing = if quarantined.contains(&index) {
+                Standing::Quarantined(Duration::from_secs(7))
+            } else {
+                Standing::Counts
+            };
+            tally.count(op, index, "node", Ok(reply), standing);
+        }
+        tally
+    }
+
+    #[test]
+    fn a_quarantined_grant_is_no_vote_and_is_reported() {
+        // Three grants, one of them from a restarted node: two votes, no majority.
+        let tally = round(Op::Acquire, &[2, 3, 4], &[2]);
+        assert_eq!((tally.granted, tally.denied), (2, 2));
+        assert!(!tally.reached());
+        assert!(tally.refused_by.iter().all(|&i| i != 2));
+        assert!(matches!(
+            tally.errors.as_slice(),
+            [NodeError { index: 2, failure: NodeFailure::Quarantined { remaining }, .. }]
+                if *remaining == Duration::from_secs(7)
+        ));
+        // Not contention (refusals alone leave room for a majority): the error lists why.
+        match tally.acquire_failure() {
+            Failed::Other(Error::QuorumUnreachable {
+                errors, granted, ..
+            }) => {
+                assert_eq!(granted, 2);
+                assert!(matches!(errors[0].failure, NodeFailure::Quarantined { .. }));
+            }
+            other => panic!("expected QuorumUnreachable, got {other:?}"),
+        }
+        // The same grants without quarantine reach the majority.
+        assert!(round(Op::Acquire, &[2, 3, 4], &[]).reached());
+    }
+
+    #[test]
+    fn a_quarantined_confirmation_of_an_extension_does_not_count() {
+        let tally = round(Op::Extend, &[0, 1, 2], &[1]);
+        assert_eq!(tally.granted, 2);
+        assert!(!tally.reached());
+        // A quarantined node's refusal is a refusal, and releases always count.
+        let tally = round(Op::Extend, &[0, 1], &[2]);
+        assert_eq!(tally.denied, 3);
+        let tally = round(Op::Release, &[0, 1, 2], &[0, 1, 2]);
+        assert_eq!(tally.granted, 5);
+        // Four quarantined grants of five: no majority, and no contention either.
+        let tally = round(Op::Acquire, &[0, 1, 2, 3, 4], &[0, 1, 2, 3]);
+        assert_eq!((tally.granted, tally.errors.len()), (1, 4));
+        assert!(matches!(tally.acquire_failure(), Failed::Other(_)));
+    }
+
+    #[test]
+    fn an_unsettled_grant_waits_for_the_other_nodes() {
+        const WAIT: Duration = Duration::from_secs(9);
+        /// A node's answer that did not come in time.
+        fn timed_out() -> Result<i64, NodeFailure> {
+            Err(NodeFailure::Timeout(WAIT))
+        }
+        // Three nodes; node 0's grant is unsettled (its marker is young, the others' rosters
+        // unread). The others' answers settle it: once they are read it counts.
+        let mut tally = Tally::new(3);
+        tally.count(Op::Acquire, 0, "a", Ok(1), Standing::Unsettled(WAIT));
+        tally.settle(|_| ("a", Standing::Unsettled(WAIT)));
+        assert_eq!((tally.granted, tally.errors.len()), (0, 0));
+        assert!(!tally.decided(Until::Granted));
+        tally.count(Op::Acquire, 1, "b", Ok(1), Standing::Counts);
+        tally.settle(|_| ("a", Standing::Counts));
+        assert_eq!(tally.granted, 2);
+        assert!(tally.reached());
+        // Still unsettled when every node answered (node 2, which could remember another
+        // marker, is down): no roster read says it lost memory, so it counts.
+        let mut tally = Tally::new(3);
+        tally.count(Op::Acquire, 0, "a", Ok(1), Standing::Unsettled(WAIT));
+        tally.count(Op::Acquire, 1, "b", Ok(1), Standing::Counts);
+        tally.settle(|_| ("a", Standing::Unsettled(WAIT)));
+        assert_eq!(tally.granted, 1);
+        assert!(!tally.decided(Until::Granted));
+        tally.count(Op::Acquire, 2, "c", timed_out(), Standing::Counts);
+        tally.settle(|_| ("a", Standing::Unsettled(WAIT)));
+        assert_eq!((tally.granted, tally.errors.len()), (2, 1));
+        assert!(tally.reached());
+        // Still pending when every node answered (a reading that could show the loss is under
+        // way): quarantined, a later attempt will know.
+        let mut tally = Tally::new(3);
+        tally.count(Op::Acquire, 0, "a", Ok(1), Standing::Pending(WAIT));
+        tally.count(Op::Acquire, 1, "b", Ok(1), Standing::Counts);
+        tally.count(Op::Acquire, 2, "c", timed_out(), Standing::Counts);
+        tally.settle(|_| ("a", Standing::Pending(WAIT)));
+        assert_eq!((tally.granted, tally.errors.len()), (1, 2));
+        assert!(!tally.reached());
+        // Settled as quarantined by a roster read meanwhile.
+        let mut tally = Tally::new(3);
+        tally.count(Op::Acquire, 0, "a", Ok(1), Standing::Unsettled(WAIT));
+        tally.settle(|_| ("a", Standing::Quarantined(WAIT)));
+        assert_eq!((tally.granted, tally.errors.len()), (0, 1));
+    }
+}
