@@ -5,10 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Acquired, new_token};
+use super::Acquired;
 use crate::error::Error;
 use crate::inner::{Shared, Target};
 use crate::node::{Op, QueueTicket, Request};
+use crate::random::new_token;
 
 /// A sign a waiter may have left on the nodes (a place in a queue, a waiting mark): taken
 /// away on every node when dropped while [`armed`](Leave::armed) (the acquisition failed, was

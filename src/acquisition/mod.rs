@@ -1,25 +1,33 @@
 //! Acquiring a lock: attempts on the configured schedule, each one a quorum round followed by
 //! the fencing token, and nothing left locked whatever happens.
+//!
+//! The one retry loop of every acquisition (a mutex, the fair line, a read-write lock's side,
+//! a semaphore's round of its slots) is [`Retries::run`]: attempts on the Redlock's
+//! [`Backoff`](crate::Backoff) delays within `acquire_timeout`, each wait cut short by a
+//! release the waiter watches for; [`line_up`] is this process's line of waiters, which the
+//! mutex and the semaphore wait in first.
 
-mod engine;
 mod leave;
 
+use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crate::clock;
-use crate::error::{Error, FencingError};
+use futures::FutureExt;
+
+use crate::config::Config;
+use crate::error::Error;
 use crate::guard::DropGuard;
 use crate::hand_off::{Turn, Watch};
 use crate::inner::{Held, Shared, Target};
 use crate::metrics::Tries;
 use crate::node::{Op, QueueTicket, RwMode, RwOp};
 use crate::quorum::{self, Failed};
+use crate::random::new_token;
+use crate::{clock, fence, trace};
 
-pub(crate) use engine::{Attempt, Refused, Retries, count_attempt, deadline, line_up};
 pub(crate) use leave::Leave;
 
-use engine::ends_past;
 use leave::Place;
 
 /// A lock a majority granted, with its validity and fence: what `Lock` is made of.
@@ -220,7 +228,7 @@ async fn attempt_as(
     };
     let expires_at = start + valid_for;
     let fenced = match fence_on {
-        Some(resources) => fence(shared, resources, expires_at).await,
+        Some(resources) => fence::issue_within(config, resources, expires_at).await,
         None => Ok(None),
     };
     let fence = match fenced {
@@ -249,82 +257,222 @@ async fn attempt_as(
     })
 }
 
-/// Asks the fencing counter, if any, for a token, within the lock's validity.
-async fn fence(
-    shared: &Shared,
-    resources: &[String],
-    expires_at: Instant,
-) -> Result<Option<u64>, FencingError> {
-    let config = &shared.config;
-    let Some(counter) = &config.fencing else {
-        return Ok(None);
-    };
-    let remaining = expires_at.saturating_duration_since(clock::now());
-    let limit = config.fencing_timeout.min(remaining);
-    match tokio::time::timeout(limit, counter.next_fence(resources)).await {
-        Ok(Ok(_)) | Err(_) if clock::now() >= expires_at => Err(FencingError::LockExpired),
-        // The storage helpers refuse 0 (`lock.fence().unwrap_or(0)` without a counter), and
-        // a check against a fresh row's 0 would accept it: not a token.
-        Ok(Ok(0)) => Err(FencingError::counter(
-            "the counter returned 0, which is not a token (tokens start at 1)",
-        )),
-        Ok(Ok(token)) => Ok(Some(token)),
-        Ok(Err(error)) => Err(FencingError::counter(error)),
-        Err(_) => Err(FencingError::Timeout(limit)),
+/// Why an attempt did not acquire.
+pub(crate) enum Refused {
+    /// Another attempt could succeed: retried on the schedule, or the caller's error once
+    /// the schedule ends.
+    Again(Error),
+    /// Final: the acquisition ends with this error.
+    Final(Error),
+}
+
+impl Refused {
+    /// A failed quorum round, after `attempts` attempts on `resources`; a retryable one is
+    /// counted in `tries` (contended or not).
+    pub(crate) fn of(
+        failed: Failed,
+        tries: &mut Tries,
+        resources: &[String],
+        attempts: u32,
+    ) -> Self {
+        if !failed.is_retryable() {
+            return Refused::Final(failed.into_error(resources, attempts));
+        }
+        tries.failed(&failed);
+        Refused::Again(failed.into_error(resources, attempts))
     }
 }
 
-/// A fresh owner token (and a fair or writing waiter's): 128 bits straight from the operating
-/// system's generator (rand's `OsRng`: `getrandom(2)` on Linux), as 32 hex digits. Not from a
-/// generator in this process: rand's thread generator is not reseeded on `fork`, so a forked
-/// child, or a VM restored twice from one snapshot, could mint its twin's tokens and release
-/// or extend its locks. One system call per token.
-///
-/// # Errors
-///
-/// [`Error::Entropy`] when the operating system's generator fails, which it does not on a
-/// working system (Linux's `getrandom(2)` blocks until it is seeded and is retried on
-/// `EINTR`; without it, `/dev/urandom` is read): only a sandbox that denies both can make it
-/// fail, and no lock could be told apart from another's then.
-pub(crate) fn new_token() -> Result<Arc<str>, Error> {
-    os_token().map_err(|err| Error::Entropy(Arc::new(std::io::Error::other(err))))
+/// One acquisition's attempt, made again on its schedule by [`Retries::run`]: a mutex's
+/// quorum round, a read-write lock side's, a semaphore's round of its slots.
+pub(crate) trait Attempt: Send {
+    /// What a successful attempt gives.
+    type Granted;
+
+    /// One attempt; it counts itself in `tries.attempts` (and its refusals as it sees fit).
+    fn attempt<'s>(
+        &'s mut self,
+        tries: &'s mut Tries,
+    ) -> impl Future<Output = Result<Self::Granted, Refused>> + Send + 's;
+
+    /// A watch for the releases that end a wait early, made when the engine first needs one
+    /// (`None`: nothing to watch).
+    fn watch(&self) -> Option<Watch>;
 }
 
-/// [`new_token`], or why the operating system's generator could not give one.
-fn os_token() -> Result<Arc<str>, rand::rand_core::OsError> {
-    let mut bytes = [0u8; 16];
-    crate::random::fill_secret(&mut bytes)?;
-    let bits = u128::from_be_bytes(bytes);
-    Ok(Arc::from(format!("{bits:032x}")))
+/// Counts one more attempt in `tries` and in the current span; returns the count.
+pub(crate) fn count_attempt(tries: &mut Tries) -> u32 {
+    tries.attempts = tries.attempts.saturating_add(1);
+    trace::attempts(tries.attempts);
+    tries.attempts
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The schedule of one acquisition, and how its waiter is woken: the engine's settings.
+pub(crate) struct Retries<'a, D> {
+    /// When the acquisition started: `AcquireTimeout` says how long it waited since.
+    pub(crate) started: Instant,
+    /// `acquire_timeout` after the start, if any: no wait ends past it.
+    pub(crate) deadline: Option<Instant>,
+    /// The retry delays left (the line may have used some up).
+    pub(crate) delays: D,
+    /// Whether a refusal may be retried at all: not for a `try_acquire`, nor out of turn (the
+    /// line took the whole budget), when the first refusal is the caller's error.
+    pub(crate) retry: bool,
+    /// The watch for the releases that end a wait early, if it is watching already.
+    pub(crate) watch: Option<Watch>,
+    /// On the first refusal, not watching yet: start watching and attempt again at once (a
+    /// release between the attempt and the watch would have woken nobody). Otherwise the
+    /// watch starts before the first wait.
+    pub(crate) recheck: bool,
+    /// A delay that would end past the deadline: sleep until the deadline before giving up
+    /// (a semaphore's search), rather than give up at once.
+    pub(crate) wait_out_deadline: bool,
+    /// Checked after every wait: a closed Redlock ends the acquisition. `None` where each
+    /// attempt checks it itself (a semaphore's tries of its slots).
+    pub(crate) open: Option<&'a Shared>,
+}
 
-    #[test]
-    fn tokens_are_fresh_128_bit_hex() {
-        let a = new_token().expect("a token");
-        let b = new_token().expect("a token");
-        assert_eq!(a.len(), 32);
-        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
-        assert_ne!(a, b);
-    }
-
-    /// The tokens come from the operating system's generator, which answers here; a thousand
-    /// of them are distinct and use every hex digit in every place (not a counter, not a
-    /// constant part).
-    #[test]
-    fn tokens_come_from_the_operating_systems_generator() {
-        let tokens: Vec<Arc<str>> = (0..1_000)
-            .map(|_| os_token().expect("the OS generator answers"))
-            .collect();
-        let distinct: std::collections::HashSet<&str> = tokens.iter().map(|t| &**t).collect();
-        assert_eq!(distinct.len(), tokens.len());
-        for place in 0..32 {
-            let digits: std::collections::HashSet<u8> =
-                tokens.iter().map(|t| t.as_bytes()[place]).collect();
-            assert_eq!(digits.len(), 16, "hex digit #{place} takes every value");
+impl<D: Iterator<Item = Duration>> Retries<'_, D> {
+    /// Attempts until one succeeds or is refused for good, the retries run out, or the next
+    /// delay would end past the deadline ([`Error::AcquireTimeout`], naming the last refusal).
+    /// Between attempts it sleeps the next delay, or less: until a watch (made by
+    /// [`Attempt::watch`] when first needed) sees a release. `tries` counts the time waited;
+    /// each attempt counts itself in `tries.attempts`.
+    pub(crate) async fn run<A: Attempt>(
+        mut self,
+        tries: &mut Tries,
+        attempt: &mut A,
+    ) -> Result<A::Granted, Error> {
+        let mut watch = self.watch.take();
+        loop {
+            if let Some(watch) = &watch {
+                watch.reset();
+            }
+            let refused = match attempt.attempt(tries).await {
+                Ok(granted) => return Ok(granted),
+                Err(Refused::Final(error)) => return Err(error),
+                Err(Refused::Again(error)) => error,
+            };
+            if self.retry && self.recheck && watch.is_none() {
+                watch = attempt.watch();
+                if watch.is_some() {
+                    continue;
+                }
+            }
+            // Out of turn, or without retries: that was the last attempt.
+            let delay = match self.delays.next() {
+                Some(delay) if self.retry => delay,
+                _ => return Err(refused),
+            };
+            if ends_past(delay, self.deadline) {
+                if self.wait_out_deadline
+                    && let Some(deadline) = self.deadline
+                {
+                    tokio::time::sleep_until(deadline.into()).await;
+                }
+                return Err(Error::AcquireTimeout {
+                    waited: clock::since(self.started),
+                    attempts: tries.attempts,
+                    last: Some(Box::new(refused)),
+                });
+            }
+            tracing::trace!(
+                ?delay,
+                attempts = tries.attempts,
+                "lock attempt failed; retrying"
+            );
+            if watch.is_none() {
+                watch = attempt.watch();
+            }
+            let waiting = clock::now();
+            Watch::sleep_or_release(watch.as_ref(), delay).await;
+            tries.backoff = tries.backoff.saturating_add(clock::since(waiting));
+            if let Some(shared) = self.open {
+                shared.check_open()?;
+            }
         }
     }
 }
+
+/// The deadline of an acquisition that started at `started`: `acquire_timeout` later, if
+/// set (none if that is past what an `Instant` holds).
+pub(crate) fn deadline(config: &Config, started: Instant) -> Option<Instant> {
+    config.acquire_timeout.and_then(|t| started.checked_add(t))
+}
+
+/// Waits for the head of the line of `keys` in this process (FIFO; see
+/// [`HandOff::turn`](crate::hand_off::HandOff::turn)), and says whether it had to wait at
+/// all. Each retry delay spent in line uses up one of `delays` (nobody ahead, the usual case,
+/// uses up none); `None` when they ran out in line (one last attempt is then made out of
+/// turn). Fails with [`Error::AcquireTimeout`] (no attempt made, waited since `started`) when
+/// the next delay would end past the deadline.
+pub(crate) async fn line_up(
+    shared: &Shared,
+    keys: &[String],
+    delays: &mut impl Iterator<Item = Duration>,
+    deadline: Option<Instant>,
+    started: Instant,
+) -> Result<(Option<Turn>, bool), Error> {
+    let line = shared.hand_off.turn(keys);
+    tokio::pin!(line);
+    if let Some(turn) = (&mut line).now_or_never() {
+        return Ok((Some(turn), false));
+    }
+    loop {
+        let delay = delays.next();
+        let wait = async {
+            match delay {
+                Some(delay) => sleep_before(delay, deadline).await,
+                None => Wake::Budget,
+            }
+        };
+        tokio::select! {
+            biased;
+            turn = &mut line => return Ok((Some(turn), true)),
+            wake = wait => match wake {
+                Wake::Slept => continue,
+                Wake::Budget => return Ok((None, true)),
+                Wake::Deadline => {
+                    return Err(Error::AcquireTimeout {
+                        waited: clock::since(started),
+                        attempts: 0,
+                        last: None,
+                    });
+                }
+            },
+        }
+    }
+}
+
+/// How a wait in line ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Wake {
+    /// The retry delay passed.
+    Slept,
+    /// No retry delay is left.
+    Budget,
+    /// The delay would end past `acquire_timeout`: at once, without sleeping.
+    Deadline,
+}
+
+/// Whether a wait of `delay` from now would end past the deadline (a delay too long for an
+/// `Instant` certainly does).
+fn ends_past(delay: Duration, deadline: Option<Instant>) -> bool {
+    deadline.is_some_and(|deadline| {
+        clock::now()
+            .checked_add(delay)
+            .is_none_or(|wake| wake >= deadline)
+    })
+}
+
+/// Sleeps `delay`, unless it would end past the deadline.
+async fn sleep_before(delay: Duration, deadline: Option<Instant>) -> Wake {
+    if ends_past(delay, deadline) {
+        return Wake::Deadline;
+    }
+    tokio::time::sleep(delay).await;
+    Wake::Slept
+}
+
+#[cfg(test)]
+mod tests;

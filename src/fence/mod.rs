@@ -123,6 +123,11 @@ pub use batch::{Batcher, IssueBatch, MAX_BATCH};
 pub(crate) use counter::FencingCounter;
 pub use stripes::Stripes;
 
+use std::time::Instant;
+
+use crate::clock;
+use crate::config::Config;
+use crate::error::FencingError;
 use crate::metrics::{self, TypeLabel};
 
 /// Counts one write that a storage-side fence check refused as stale, in
@@ -144,4 +149,29 @@ use crate::metrics::{self, TypeLabel};
 /// ```
 pub fn record_rejected_write(resource_type: &str) {
     metrics::fence_rejected(&TypeLabel::of_name(resource_type));
+}
+
+/// Asks the configured fencing counter, if any, for a token for a lock on `resources` valid
+/// until `expires_at`, within that validity and `fencing_timeout`.
+pub(crate) async fn issue_within(
+    config: &Config,
+    resources: &[String],
+    expires_at: Instant,
+) -> Result<Option<u64>, FencingError> {
+    let Some(counter) = &config.fencing else {
+        return Ok(None);
+    };
+    let remaining = expires_at.saturating_duration_since(clock::now());
+    let limit = config.fencing_timeout.min(remaining);
+    match tokio::time::timeout(limit, counter.next_fence(resources)).await {
+        Ok(Ok(_)) | Err(_) if clock::now() >= expires_at => Err(FencingError::LockExpired),
+        // The storage helpers refuse 0 (`lock.fence().unwrap_or(0)` without a counter), and
+        // a check against a fresh row's 0 would accept it: not a token.
+        Ok(Ok(0)) => Err(FencingError::counter(
+            "the counter returned 0, which is not a token (tokens start at 1)",
+        )),
+        Ok(Ok(token)) => Ok(Some(token)),
+        Ok(Err(error)) => Err(FencingError::counter(error)),
+        Err(_) => Err(FencingError::Timeout(limit)),
+    }
 }

@@ -362,7 +362,6 @@ async fn a_failed_attempt_waits_for_its_releases_on_the_quarantined_nodes() {
 mod counting {
     use super::*;
 
-
     const MS: Duration = Duration::from_millis(1);
 
     #[test]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::RwLock;
-use crate::acquisition::{self, Attempt, Leave, Refused, Retries, count_attempt, new_token};
+use crate::acquisition::{self, Attempt, Leave, Refused, Retries, count_attempt};
 use crate::clock;
 use crate::config::Config;
 use crate::error::Error;
@@ -16,6 +16,7 @@ use crate::inner::{Shared, Target, validate_ttl};
 use crate::lock::Lock;
 use crate::metrics::{Tries, TypeLabel};
 use crate::node::{Op, Request, RwMode, RwOp};
+use crate::random::new_token;
 
 /// The most a refused writer marks the lock as waited for, whatever its retry schedule.
 const LONGEST_MARK: Duration = Duration::from_secs(60);
