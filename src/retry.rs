@@ -35,13 +35,17 @@ enum Schedule {
 
 /// node-redlock's retry count.
 const DEFAULT_RETRIES: u32 = 10;
+/// node-redlock's delay between attempts.
+const DEFAULT_DELAY: Duration = Duration::from_millis(200);
+/// node-redlock's jitter either way of the delay.
+const DEFAULT_JITTER: Duration = Duration::from_millis(100);
 
 impl Backoff {
     /// node-redlock's defaults: 10 retries, each after 200 ms ± 100 ms.
     pub const DEFAULT: Backoff = Backoff {
         schedule: Schedule::Fixed {
-            delay: Duration::from_millis(200),
-            jitter: Duration::from_millis(100),
+            delay: DEFAULT_DELAY,
+            jitter: DEFAULT_JITTER,
         },
         retries: DEFAULT_RETRIES,
     };
@@ -88,33 +92,30 @@ impl Backoff {
     /// The fixed schedule with base `delay`, keeping this one's jitter if it is fixed (the
     /// default jitter otherwise) and its retry count.
     pub(crate) fn with_delay(self, delay: Duration) -> Self {
-        let jitter = match self.schedule {
-            Schedule::Fixed { jitter, .. } => jitter,
-            Schedule::Exponential { .. } => Self::DEFAULT.fixed_parts().1,
-        };
-        Backoff {
-            schedule: Schedule::Fixed { delay, jitter },
-            ..self
-        }
+        let (_, jitter) = self.fixed_parts();
+        self.fixed_with(delay, jitter)
     }
 
     /// The fixed schedule with `jitter`, keeping this one's delay if it is fixed (the default
     /// delay otherwise) and its retry count.
     pub(crate) fn with_jitter(self, jitter: Duration) -> Self {
-        let delay = match self.schedule {
-            Schedule::Fixed { delay, .. } => delay,
-            Schedule::Exponential { .. } => Self::DEFAULT.fixed_parts().0,
-        };
-        Backoff {
-            schedule: Schedule::Fixed { delay, jitter },
-            ..self
-        }
+        let (delay, _) = self.fixed_parts();
+        self.fixed_with(delay, jitter)
     }
 
+    /// The delay and jitter of this schedule if it is fixed, the default's otherwise.
     fn fixed_parts(self) -> (Duration, Duration) {
         match self.schedule {
             Schedule::Fixed { delay, jitter } => (delay, jitter),
-            Schedule::Exponential { .. } => (Duration::ZERO, Duration::ZERO),
+            Schedule::Exponential { .. } => (DEFAULT_DELAY, DEFAULT_JITTER),
+        }
+    }
+
+    /// The fixed schedule of `delay` and `jitter`, with this one's retry count.
+    fn fixed_with(self, delay: Duration, jitter: Duration) -> Self {
+        Backoff {
+            schedule: Schedule::Fixed { delay, jitter },
+            ..self
         }
     }
 

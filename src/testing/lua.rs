@@ -52,23 +52,25 @@ function redis.pcall(...)
   local reply = raw(...)
   return reply
 end
-function redis.error_reply(...)
-  local e = ...
-  if select("#", ...) ~= 1 or type(e) ~= "string" then
-    return push_error("wrong number or type of arguments")
+-- A reply helper of one string argument, `reply`, answering an error for any other arguments.
+local function of_one_string(reply)
+  return function(...)
+    local s = ...
+    if select("#", ...) ~= 1 or type(s) ~= "string" then
+      return push_error("wrong number or type of arguments")
+    end
+    return reply(s)
   end
+end
+redis.error_reply = of_one_string(function(e)
   if sub(e, 1, 1) ~= "-" then
     e = "-" .. e
   end
   return push_error(e)
-end
-function redis.status_reply(...)
-  local s = ...
-  if select("#", ...) ~= 1 or type(s) ~= "string" then
-    return push_error("wrong number or type of arguments")
-  end
+end)
+redis.status_reply = of_one_string(function(s)
   return {ok = s}
-end
+end)
 function redis.sha1hex(s)
   return raw("__sha1hex", s)
 end

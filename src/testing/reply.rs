@@ -15,33 +15,30 @@ fn parsed(bytes: &[u8]) -> Value {
 /// An error reply of `message`, its code first (`ERR ...`, `WRONGTYPE ...`), with line breaks
 /// made spaces as the server does.
 pub(super) fn error(message: &str) -> Value {
-    let clean: String = message
-        .chars()
-        .map(|c| if c == '\r' || c == '\n' { ' ' } else { c })
-        .collect();
-    parsed(format!("-{clean}\r\n").as_bytes())
+    one_line(b'-', message.as_bytes())
 }
 
 /// An error reply of `message` exactly as given (a script's `{err=...}`: no `ERR` added).
 pub(super) fn error_exact(message: &[u8]) -> Value {
-    let mut bytes = Vec::with_capacity(message.len() + 3);
-    bytes.push(b'-');
-    bytes.extend(
-        message
-            .iter()
-            .map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
-    );
-    bytes.extend_from_slice(b"\r\n");
-    parsed(&bytes)
+    one_line(b'-', message)
 }
 
 /// A status reply (`+OK`, `+PONG`, `+string`), as redis-rs reads it.
 pub(super) fn status(text: &str) -> Value {
-    let clean: String = text
-        .chars()
-        .map(|c| if c == '\r' || c == '\n' { ' ' } else { c })
-        .collect();
-    parsed(format!("+{clean}\r\n").as_bytes())
+    one_line(b'+', text.as_bytes())
+}
+
+/// The one-line reply of type `kind` (`-` an error, `+` a status) of `text`, its line breaks
+/// made spaces as the server does.
+fn one_line(kind: u8, text: &[u8]) -> Value {
+    let mut bytes = Vec::with_capacity(text.len() + 3);
+    bytes.push(kind);
+    bytes.extend(
+        text.iter()
+            .map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
+    );
+    bytes.extend_from_slice(b"\r\n");
+    parsed(&bytes)
 }
 
 /// `+OK`.

@@ -25,6 +25,18 @@ fn with(source: &str) -> (SimServer, String) {
     (server, sha)
 }
 
+/// Runs each of `calls` of `sha` on `keys` in order: an argv and the reply it must get.
+fn replies<const N: usize>(
+    server: &mut SimServer,
+    sha: &str,
+    keys: &[&str],
+    calls: &[([&str; N], Value)],
+) {
+    for (argv, reply) in calls {
+        assert_eq!(&evalsha(server, sha, keys, argv), reply, "{argv:?}");
+    }
+}
+
 /// The batch script.
 const BATCH: &str = include_str!("../scripts/batch.lua");
 
@@ -83,27 +95,21 @@ fn batch_errors_per_operation_and_the_marker() {
 #[test]
 fn batch_fair_queue() {
     let (mut s, sha) = with(BATCH);
-    let fair = |waiter: &'static str, token: &'static str, ticket: &'static str| {
-        ["f", token, "1000", "1", waiter, ticket, "5000"]
-    };
-    assert_eq!(
-        evalsha(&mut s, &sha, &["a"], &fair("w1", "t1", "1")),
-        ints(&[1])
-    );
-    assert_eq!(
-        evalsha(&mut s, &sha, &["a"], &fair("w2", "t2", "2")),
-        ints(&[0])
-    );
+    // `f` (a fair acquire), `R` (a fair release), `l` (leaving the queue).
+    let op = |kind, token, waiter, ticket| [kind, token, "1000", "1", waiter, ticket, "5000"];
+    let calls = [
+        (op("f", "t1", "w1", "1"), ints(&[1])),
+        (op("f", "t2", "w2", "2"), ints(&[0])),
+    ];
+    replies(&mut s, &sha, &["a"], &calls);
     let queue = run(&mut s, &["ZRANGE", "a:redfence:queue", "0", "-1"]);
     assert_eq!(queue, Value::Array(vec![bulk("w1"), bulk("w2")]));
-    let release = ["R", "t1", "1000", "1", "w1", "1", "5000"];
-    assert_eq!(evalsha(&mut s, &sha, &["a"], &release), ints(&[1]));
-    assert_eq!(
-        evalsha(&mut s, &sha, &["a"], &fair("w2", "t2", "2")),
-        ints(&[1])
-    );
-    let leave = ["l", "t2", "1000", "1", "w2", "2", "5000"];
-    assert_eq!(evalsha(&mut s, &sha, &["a"], &leave), ints(&[0]));
+    let calls = [
+        (op("R", "t1", "w1", "1"), ints(&[1])),
+        (op("f", "t2", "w2", "2"), ints(&[1])),
+        (op("l", "t2", "w2", "2"), ints(&[0])),
+    ];
+    replies(&mut s, &sha, &["a"], &calls);
     assert_eq!(run(&mut s, &["ZCARD", "a:redfence:queue"]), Value::Int(0));
 }
 
@@ -111,38 +117,21 @@ fn batch_fair_queue() {
 fn batch_read_write_lock() {
     let (mut s, sha) = with(BATCH);
     let keys = ["rw", "rw:readers", "rw:waiting"];
-    let op = |kind: &'static str, token: &'static str, waiter: &'static str| {
-        [kind, token, "1000", "3", waiter, "5000"]
-    };
-    assert_eq!(
-        evalsha(&mut s, &sha, &keys, &op("wa", "t1", "")),
-        ints(&[1])
-    );
-    assert_eq!(
-        evalsha(&mut s, &sha, &keys, &op("ra", "t2", "r1")),
-        ints(&[0])
-    );
-    assert_eq!(
-        evalsha(&mut s, &sha, &keys, &op("wr", "t1", "")),
-        ints(&[1])
-    );
-    assert_eq!(
-        evalsha(&mut s, &sha, &keys, &op("ra", "t2", "r1")),
-        ints(&[1])
-    );
-    assert_eq!(
-        evalsha(&mut s, &sha, &keys, &op("wa", "t3", "w3")),
-        ints(&[0])
-    );
+    let op = |kind, token, waiter| [kind, token, "1000", "3", waiter, "5000"];
+    let calls = [
+        (op("wa", "t1", ""), ints(&[1])),
+        (op("ra", "t2", "r1"), ints(&[0])),
+        (op("wr", "t1", ""), ints(&[1])),
+        (op("ra", "t2", "r1"), ints(&[1])),
+        (op("wa", "t3", "w3"), ints(&[0])),
+    ];
+    replies(&mut s, &sha, &keys, &calls);
     assert_eq!(s.get("rw:waiting"), Some(b"w3".to_vec()));
-    assert_eq!(
-        evalsha(&mut s, &sha, &keys, &op("rr", "t2", "")),
-        ints(&[1])
-    );
-    assert_eq!(
-        evalsha(&mut s, &sha, &keys, &op("wa", "t3", "w3")),
-        ints(&[1])
-    );
+    let calls = [
+        (op("rr", "t2", ""), ints(&[1])),
+        (op("wa", "t3", "w3"), ints(&[1])),
+    ];
+    replies(&mut s, &sha, &keys, &calls);
     assert_eq!(s.get("rw"), Some(b"t3".to_vec()));
 }
 
@@ -158,29 +147,18 @@ fn advisory_scripts() {
     let expected = [row("string", bulk("t1"), 1000), row("none", Value::Nil, -2)];
     assert_eq!(reply, Value::Array(expected.to_vec()));
     let write = load(&mut s, include_str!("../scripts/write_if_held.lua"));
-    assert_eq!(
-        evalsha(&mut s, &write, &["a", "n"], &["t1", "v", "500"]),
-        Value::Int(1)
-    );
+    let written = [(["t1", "v", "500"], Value::Int(1))];
+    replies(&mut s, &write, &["a", "n"], &written);
     assert_eq!(s.get("n"), Some(b"v".to_vec()));
-    assert_eq!(
-        evalsha(&mut s, &write, &["a", "n"], &["t2", "", "500"]),
-        Value::Int(0)
-    );
-    assert_eq!(
-        evalsha(&mut s, &write, &["a", "n"], &["t1", "", "500"]),
-        Value::Int(1)
-    );
+    let calls = [
+        (["t2", "", "500"], Value::Int(0)),
+        (["t1", "", "500"], Value::Int(1)),
+    ];
+    replies(&mut s, &write, &["a", "n"], &calls);
     assert_eq!(s.get("n"), None);
     let claim = load(&mut s, include_str!("../scripts/claim.lua"));
-    assert_eq!(
-        evalsha(&mut s, &claim, &["size"], &["3", "1000"]),
-        bulk("3")
-    );
-    assert_eq!(
-        evalsha(&mut s, &claim, &["size"], &["4", "1000"]),
-        bulk("3")
-    );
+    let calls = [(["3", "1000"], bulk("3")), (["4", "1000"], bulk("3"))];
+    replies(&mut s, &claim, &["size"], &calls);
     let force = load(&mut s, include_str!("../scripts/force_release.lua"));
     let reply = evalsha(&mut s, &force, &["a"], &[]);
     assert_eq!(reply, Value::Array(vec![row("string", bulk("t1"), 1000)]));
