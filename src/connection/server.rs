@@ -84,33 +84,13 @@ pub(crate) enum Manager {
     Sim(crate::testing::Wire),
 }
 
-impl ConnectionLike for Manager {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+impl Manager {
+    /// The connection to call on.
+    fn connection(&mut self) -> &mut (dyn ConnectionLike + Send) {
         match self {
-            Manager::Redis(manager) => manager.req_packed_command(cmd),
+            Manager::Redis(manager) => manager,
             #[cfg(any(test, feature = "testing"))]
-            Manager::Sim(wire) => wire.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Manager::Redis(manager) => manager.req_packed_commands(pipeline, offset, count),
-            #[cfg(any(test, feature = "testing"))]
-            Manager::Sim(wire) => wire.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Manager::Redis(manager) => manager.get_db(),
-            #[cfg(any(test, feature = "testing"))]
-            Manager::Sim(wire) => wire.get_db(),
+            Manager::Sim(wire) => wire,
         }
     }
 }
@@ -430,7 +410,7 @@ pub(super) fn is_not_master(code: Option<&str>) -> bool {
 impl ConnectionLike for Connection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
-            let result = self.manager.req_packed_command(cmd).await;
+            let result = self.manager.connection().req_packed_command(cmd).await;
             self.observe(&result, &[]);
             result
         })
@@ -445,6 +425,7 @@ impl ConnectionLike for Connection {
         Box::pin(async move {
             let result = self
                 .manager
+                .connection()
                 .req_packed_commands(pipeline, offset, count)
                 .await;
             self.observe(&result, result.as_deref().unwrap_or_default());
@@ -453,6 +434,10 @@ impl ConnectionLike for Connection {
     }
 
     fn get_db(&self) -> i64 {
-        self.manager.get_db()
+        match &self.manager {
+            Manager::Redis(manager) => manager.get_db(),
+            #[cfg(any(test, feature = "testing"))]
+            Manager::Sim(wire) => wire.get_db(),
+        }
     }
 }
