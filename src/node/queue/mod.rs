@@ -29,10 +29,10 @@
 //! - The queue is bounded ([`QUEUE_CAPACITY`]): a request that finds it full fails with
 //!   [`NodeFailure::Overloaded`] instead of queueing without bound.
 
+mod beside;
 mod resend;
-mod serve;
 
-use std::future::Future;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
@@ -42,8 +42,8 @@ use tokio::runtime;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
-use self::serve::serve;
-use super::batch::{Job, Link, Run};
+use self::resend::Resend;
+use super::batch::{Batch, Job, Link, Run};
 use super::{Advice, Advisory, Node, NodeCall, Op, Request, stopped};
 use crate::clock;
 use crate::error::NodeFailure;
@@ -120,18 +120,6 @@ impl Queue {
         }
     }
 
-    /// The queue requests go to now, if one was started.
-    fn current(&self) -> Option<Arc<StartedQueue>> {
-        match self.started.get() {
-            Some(first) if !first.is_closed() => Some(Arc::clone(first)),
-            _ => self
-                .restarted
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone(),
-        }
-    }
-
     /// Queues `req` ([`Node::call`]).
     pub(crate) fn call(&self, req: &Request) -> NodeCall {
         let queued = self.with_started(|started| match started.submit(req.clone()) {
@@ -154,34 +142,6 @@ impl Queue {
             }
             Ok(Err(failure)) | Err(failure) => NodeCall::boxed(std::future::ready(Err(failure))),
         }
-    }
-
-    /// Queues `advisory`, a call outside the lock protocol ([`Node::advise`]), in line with
-    /// the lock calls: it runs after every call made before it.
-    pub(crate) fn advise(
-        &self,
-        advisory: Advisory,
-    ) -> BoxFuture<'static, Result<Advice, NodeFailure>> {
-        let queued = self.with_started(|started| {
-            let answer = started.submit_advice(advisory)?;
-            Ok::<_, NodeFailure>((answer, started.watched().then(|| Arc::clone(started))))
-        });
-        Box::pin(async move {
-            match queued?? {
-                (answer, Some(started)) => started.watched_answer(answer).await,
-                (answer, None) => answer.await.unwrap_or_else(|_| Err(stopped())),
-            }
-        })
-    }
-
-    /// Resolves once every request queued before it has run ([`Node::flush`]).
-    pub(crate) fn flush(&self) -> BoxFuture<'static, ()> {
-        let started = self.current();
-        Box::pin(async move {
-            if let Some(started) = started {
-                started.flush().await;
-            }
-        })
     }
 }
 
@@ -299,43 +259,6 @@ impl StartedQueue {
         self.watched
     }
 
-    /// Waits for `answer` with the watchdog of [`served`](StartedQueue::served), for callers of
-    /// a [`watched`](StartedQueue::watched) queue (the others simply await `answer`).
-    pub(crate) async fn watched_answer<T>(
-        &self,
-        answer: oneshot::Receiver<Result<T, NodeFailure>>,
-    ) -> Result<T, NodeFailure> {
-        match self.served(answer).await {
-            Some(Ok(reply)) => reply,
-            Some(Err(_)) => Err(stopped()),
-            None => Err(NodeFailure::NotRun(
-                "the node's request queue runs on another Tokio runtime, which is not \
-                 running (a current-thread runtime outside block_on?)",
-            )),
-        }
-    }
-
-    /// `wait`, given up (`None`) once twice `node_timeout` has passed without the serving
-    /// task taking a request or finishing a call: the serving task's current-thread runtime
-    /// may be idle, outside `block_on`, while the caller runs on another runtime, and then
-    /// nothing serves the queue. A queue that keeps serving others is waited for, however
-    /// long. (Twice: a call the node does not answer is the queue's to time out, after
-    /// `node_timeout`, and to answer with the timeout together with every request queued
-    /// behind it; a watchdog that fired first would let the caller's next request slip in
-    /// behind the hung call.)
-    async fn served<F: Future>(&self, wait: F) -> Option<F::Output> {
-        tokio::pin!(wait);
-        loop {
-            match tokio::time::timeout(self.node_timeout, &mut wait).await {
-                Ok(out) => return Some(out),
-                Err(_) if self.progress.age() >= self.node_timeout.saturating_mul(2) => {
-                    return None;
-                }
-                Err(_) => {}
-            }
-        }
-    }
-
     /// Queues `req`; the reply arrives once its batch has run (or failed).
     pub(crate) fn submit(
         &self,
@@ -343,16 +266,6 @@ impl StartedQueue {
     ) -> Result<oneshot::Receiver<Result<i64, NodeFailure>>, NodeFailure> {
         let (reply, answer) = oneshot::channel();
         self.try_send(Job::Run(Run::new(req, reply)))?;
-        Ok(answer)
-    }
-
-    /// Queues `advisory`; the answer arrives once it has run (or failed).
-    fn submit_advice(
-        &self,
-        advisory: Advisory,
-    ) -> Result<oneshot::Receiver<Result<Advice, NodeFailure>>, NodeFailure> {
-        let (reply, answer) = oneshot::channel();
-        self.try_send(Job::Advise { advisory, reply })?;
         Ok(answer)
     }
 
@@ -366,101 +279,173 @@ impl StartedQueue {
             Err(mpsc::error::TrySendError::Closed(_)) => Err(stopped()),
         }
     }
+}
 
-    /// Queues a release or a leave that found the queue full as soon as there is room, behind
-    /// everything queued before it (its acquire among them; the channel's waiting senders are
-    /// served in order): never refused, as its keys or its place would outlive it, and sent
-    /// even if its caller stops waiting for the reply (which arrives as
-    /// [`submit`](Self::submit)'s).
-    pub(crate) fn submit_when_room(
-        &self,
-        req: Request,
-    ) -> oneshot::Receiver<Result<i64, NodeFailure>> {
-        let (reply, answer) = oneshot::channel();
-        let job = Job::Run(Run::new(req, reply));
-        let jobs = self.jobs.clone();
-        tokio::spawn(async move {
-            // A queue that stopped answers the reply's sender with its drop: `stopped`.
-            let _ = jobs.send(job).await;
-        });
-        answer
-    }
-
-    /// Resolves once every request queued before it has run (or failed); on a watched queue
-    /// that nothing serves, once the watchdog gives up.
-    pub(crate) async fn flush(&self) {
-        let flush = async {
-            let (done, flushed) = oneshot::channel();
-            if self.jobs.send(Job::Flush(done)).await.is_ok() {
-                let _ = flushed.await;
-            }
+/// Serves the queue until every sender is gone and nothing is left to resend.
+async fn serve<L: Link>(
+    mut queue: mpsc::Receiver<Job>,
+    mut link: L,
+    timeout: Duration,
+    progress: Option<Arc<Progress>>,
+) {
+    // Requests taken off the queue but not sent yet, in order: the one that did not fit the
+    // last batch, and those that waited behind a hung call (their callers already answered).
+    let mut backlog: VecDeque<Job> = VecDeque::new();
+    // Releases and leaves given up, to send again (see `Batch::fail`), and the flush markers
+    // that wait for them.
+    let mut resend = Resend::new(timeout, QUEUE_CAPACITY);
+    // One timer for every call: moving its deadline later is an atomic store, where a new
+    // timer per call is an insert into the timer wheel (and a wake-up of the thread that
+    // sleeps on it, when the runtime is idle).
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    let mut batch = Batch::default();
+    let mut open = true;
+    loop {
+        let first = match backlog.pop_front() {
+            Some(job) => job,
+            None => match resend.next_job(&mut queue, &mut open).await {
+                Some(job) => job,
+                None => return,
+            },
         };
-        if self.watched {
-            self.served(flush).await;
-        } else {
-            flush.await;
+        if let Some(progress) = &progress {
+            progress.mark();
+        }
+        let first = match resend.hold_flush(first) {
+            Job::Advise { advisory, reply } => {
+                reset(deadline.as_mut(), timeout);
+                let advised = tokio::select! {
+                    biased;
+                    advised = link.advise(&advisory) => advised,
+                    () = deadline.as_mut() => Err(NodeFailure::Timeout(timeout)),
+                };
+                if let Some(progress) = &progress {
+                    progress.mark();
+                }
+                let timed_out = match &advised {
+                    Err(failure @ NodeFailure::Timeout(_)) => Some(failure.clone()),
+                    _ => None,
+                };
+                let _ = reply.send(advised);
+                if let Some(failure) = timed_out.filter(|_| link.hangs_whole()) {
+                    // As behind a hung batch.
+                    hung(&mut queue, &mut backlog, &failure);
+                }
+                continue;
+            }
+            first => first,
+        };
+        batch.start(first);
+        // Coalesce what is already waiting, up to the caps, in order; then what is to be
+        // sent again.
+        while !batch.full() {
+            let next = match backlog.pop_front() {
+                Some(job) => resend.hold_flush(job),
+                None => match queue.try_recv() {
+                    Ok(job) => resend.hold_flush(job),
+                    Err(_) => match resend.jobs.pop() {
+                        Some(job) => job,
+                        None => break,
+                    },
+                },
+            };
+            if let Err(next) = batch.try_push(next) {
+                // A resend stays counted as one (what holds the flushes); anything else
+                // keeps its place in line.
+                if matches!(
+                    next,
+                    Job::Run(Run {
+                        resend_until: Some(_),
+                        ..
+                    })
+                ) {
+                    resend.jobs.push(next);
+                } else {
+                    backlog.push_front(next);
+                }
+                break;
+            }
+        }
+        reset(deadline.as_mut(), timeout);
+        let ran = batch
+            .run(
+                &mut link,
+                timeout,
+                deadline.as_mut(),
+                &mut resend.jobs,
+                &mut resend.flushes,
+            )
+            .await;
+        if let Some(progress) = &progress {
+            progress.mark();
+        }
+        match ran {
+            Ok(true) => resend.answered(),
+            // Some requests failed alone (a hung member of a Cluster): what they leave to
+            // send again waits for the pause.
+            Ok(false) => resend.failed(),
+            Err(failure) => {
+                batch.fail(&failure, &mut resend.jobs, &mut resend.flushes);
+                resend.failed();
+                if matches!(failure, NodeFailure::Timeout(_)) && link.hangs_whole() {
+                    // Every request queued behind a hung call has waited long enough: answer
+                    // it now. (A flush among them keeps its place: it is held, if need be,
+                    // when its turn comes, so that it never passes what was queued before it.)
+                    hung(&mut queue, &mut backlog, &failure);
+                }
+            }
+        }
+        resend.settle();
+    }
+}
+
+/// Sets `deadline` `timeout` from now. (A timeout too long for an Instant leaves the first,
+/// far-future deadline.)
+fn reset(deadline: std::pin::Pin<&mut tokio::time::Sleep>, timeout: Duration) {
+    if let Some(at) = tokio::time::Instant::from_std(clock::now()).checked_add(timeout) {
+        deadline.reset(at);
+    }
+}
+
+/// After a call that timed out: takes everything queued behind it into `backlog` and answers
+/// it ([`answer_behind_hung_call`]).
+fn hung(queue: &mut mpsc::Receiver<Job>, backlog: &mut VecDeque<Job>, failure: &NodeFailure) {
+    while let Ok(job) = queue.try_recv() {
+        backlog.push_back(job);
+    }
+    answer_behind_hung_call(backlog, failure);
+}
+
+/// Answers every request of `backlog` (those queued behind a call that timed out, never
+/// sent) with `failure`. Acquires and extends are dropped: their callers counted this node as
+/// failed, and sent once it answers again they could only leave keys behind (an acquire) or
+/// keep alive what the lock no longer counts on here (an extend). Releases and fair queue
+/// leaves are kept, to be sent in order when their turn comes (a release must follow an
+/// acquire in the call that timed out, which may land yet), at most [`QUEUE_CAPACITY`] of
+/// them, plus the flush markers: so a node that stays hung while traffic goes on holds a
+/// bounded backlog. A release dropped beyond the cap leaves its key to expire at its TTL, on
+/// that node only.
+fn answer_behind_hung_call(backlog: &mut VecDeque<Job>, failure: &NodeFailure) {
+    let mut cleanups = 0;
+    for job in std::mem::take(backlog) {
+        match job {
+            Job::Run(mut run) => {
+                if let Some(reply) = run.reply.take() {
+                    let _ = reply.send(Err(failure.clone()));
+                }
+                if matches!(run.req.op, Op::Release | Op::Leave) && cleanups < QUEUE_CAPACITY {
+                    cleanups += 1;
+                    backlog.push_back(Job::Run(run));
+                }
+            }
+            Job::Flush(done) => backlog.push_back(Job::Flush(done)),
+            Job::Advise { reply, .. } => {
+                let _ = reply.send(Err(failure.clone()));
+            }
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use crate::node::{GuardedWrite, Node, Op, Request, write_if_held};
-    use crate::testing::fake::{FAKE_TIMEOUT, Fake, FakeNode};
-
-    fn acquire(key: &str, token: &str) -> Request {
-        Request {
-            op: Op::Acquire,
-            keys: vec![key.to_owned()].into(),
-            token: token.into(),
-            ttl_ms: 10_000,
-            queue: None,
-            rw: None,
-        }
-    }
-
-    fn write(lock_key: &str, token: &str) -> GuardedWrite {
-        GuardedWrite {
-            lock_key: lock_key.into(),
-            token: token.into(),
-            key: "record".into(),
-            value: Some("leader".into()),
-            ttl_ms: 10_000,
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_advisory_call_runs_in_line_after_the_lock_calls_made_before_it() {
-        let node = FakeNode::new(Fake::Real);
-        // Not awaited: queued, as a lock's acquire is before its holder's guarded write.
-        let granted = node.call(&acquire("lock", "t1"));
-        let written = write_if_held(&node, write("lock", "t1")).await;
-        assert!(
-            written.expect("answered"),
-            "the write ran after the acquire"
-        );
-        assert_eq!(granted.await.expect("granted"), 1);
-        assert_eq!(node.holder("record").as_deref(), Some("leader"));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_advisory_call_behind_a_hung_call_is_answered_within_one_timeout() {
-        let node = Arc::new(FakeNode::new(Fake::Never));
-        let hung = node.call(&acquire("lock", "t1"));
-        let start = tokio::time::Instant::now();
-        let written = write_if_held(&*node, write("lock", "t1")).await;
-        assert!(written.is_err(), "{written:?}");
-        assert!(start.elapsed() <= FAKE_TIMEOUT, "{:?}", start.elapsed());
-        assert!(hung.await.is_err());
-        // The node answers again: the next call runs.
-        node.set(Op::Acquire, Fake::Real);
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        assert_eq!(
-            node.call(&acquire("other", "t2")).await.expect("granted"),
-            1
-        );
-    }
-}
+mod tests;
