@@ -1,6 +1,6 @@
 //! The keys redfence keeps beside a lock key `K`, by their endings, and the channel its
 //! release is announced on: one list for the Rust code and a test that `scripts/batch.lua` and
-//! `scripts/force_release.lua` spell them the same.
+//! `scripts/inspect.lua` (its inspect release) spell them the same.
 
 /// `K:redfence:waiting`, the waiting mark: a refused acquire or a fair waiter sets it, and the
 /// release that deletes it publishes on `redfence:released:K` (see `scripts/batch.lua`).
@@ -34,14 +34,14 @@ mod tests {
         assert!(script.contains(&declared), "batch.lua declares {declared}");
         let minimum = format!("local MIN_WAIT_MARK = {MIN_WAIT_MARK_MS}\n");
         assert!(script.contains(&minimum), "batch.lua declares {minimum}");
-        let forced = include_str!("scripts/force_release.lua");
+        let inspect = include_str!("scripts/inspect.lua");
         assert!(
-            forced.contains(&declared),
-            "force_release.lua declares {declared}"
+            inspect.contains(&declared),
+            "inspect.lua declares {declared}"
         );
         // Both announce a release on the channel the waiters subscribe to.
         let channel = format!("\"{}\" ..", CHANNEL_PREFIX);
-        for (name, source) in [("batch.lua", script), ("force_release.lua", forced)] {
+        for (name, source) in [("batch.lua", script), ("inspect.lua", inspect)] {
             assert!(
                 source.contains(&channel),
                 "{name} publishes on {channel} KEY"

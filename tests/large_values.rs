@@ -81,10 +81,9 @@ fn put_large(servers: &Servers, keys: &[&str]) {
 /// Every script redfence runs on a lock's keys. Loaded by the harness before the checks:
 /// compiling one (a first `SCRIPT LOAD`) can take longer than [`SLOW_US`] whatever the keys
 /// hold (40 ms seen on Valkey 8.1).
-const SCRIPTS: [&str; 5] = [
+const SCRIPTS: [&str; 4] = [
     include_str!("../src/scripts/batch.lua"),
     include_str!("../src/scripts/inspect.lua"),
-    include_str!("../src/scripts/force_release.lua"),
     include_str!("../src/scripts/claim.lua"),
     include_str!("../src/scripts/rwlock_inspect.lua"),
 ];

@@ -13,10 +13,11 @@ use std::sync::Arc;
 use super::Node;
 use crate::error::NodeFailure;
 
+/// Reads keys; with the [`RELEASE`] argument, also deletes them (the forced release).
 static INSPECT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/inspect.lua")));
-static FORCE_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../scripts/force_release.lua")));
+/// `scripts/inspect.lua`'s argument that deletes each key after reading it.
+const RELEASE: &str = "release";
 static WRITE_IF_HELD: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../scripts/write_if_held.lua")));
 static RW_INSPECT: LazyLock<Script> =
@@ -87,8 +88,9 @@ async fn advised<T>(
     })
 }
 
-/// Reads each key's type, value (if a string) and PTTL in one atomic script; with `delete`,
-/// then deletes every key that exists, whoever holds it (the operator's forced release).
+/// Reads each key's type, value (if a string) and PTTL in one atomic script
+/// (`scripts/inspect.lua`); with `delete`, then deletes every key that exists, whoever holds
+/// it (the operator's forced release: the script's `release` argument).
 pub(crate) async fn inspect(
     node: &dyn Node,
     keys: Arc<[String]>,
@@ -174,9 +176,11 @@ async fn read_keys<C: ConnectionLike + Send>(
     keys: &[String],
     delete: bool,
 ) -> Result<Vec<KeyRow>, redis::RedisError> {
-    let script: &Script = if delete { &FORCE_RELEASE } else { &INSPECT };
-    let mut invocation = script.prepare_invoke();
+    let mut invocation = INSPECT.prepare_invoke();
     invocation.key(keys);
+    if delete {
+        invocation.arg(RELEASE);
+    }
     invocation.invoke_async(conn).await
 }
 

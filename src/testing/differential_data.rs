@@ -5,10 +5,6 @@
 pub(super) const SCRIPTS: &[(&str, &[u8])] = &[
     ("batch", include_bytes!("../scripts/batch.lua")),
     ("claim", include_bytes!("../scripts/claim.lua")),
-    (
-        "force_release",
-        include_bytes!("../scripts/force_release.lua"),
-    ),
     ("inspect", include_bytes!("../scripts/inspect.lua")),
     ("memory", include_bytes!("../scripts/memory.lua")),
     (

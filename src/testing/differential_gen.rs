@@ -195,7 +195,7 @@ impl Gen {
                 Compare::Near,
             ),
             1 => (
-                Gen::evalsha("force_release", &[k(self)], &[]),
+                Gen::evalsha("inspect", &[k(self)], &s(&["release"])),
                 Compare::Near,
             ),
             2 => {

@@ -159,8 +159,7 @@ fn advisory_scripts() {
     let claim = load(&mut s, include_str!("../scripts/claim.lua"));
     let calls = [(["3", "1000"], bulk("3")), (["4", "1000"], bulk("3"))];
     replies(&mut s, &claim, &["size"], &calls);
-    let force = load(&mut s, include_str!("../scripts/force_release.lua"));
-    let reply = evalsha(&mut s, &force, &["a"], &[]);
+    let reply = evalsha(&mut s, &inspect, &["a"], &["release"]);
     assert_eq!(reply, Value::Array(vec![row("string", bulk("t1"), 1000)]));
     assert_eq!(s.get("a"), None);
     let keys = ["rw", "rw:readers", "rw:waiting"];
