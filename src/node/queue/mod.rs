@@ -30,7 +30,6 @@
 //!   [`NodeFailure::Overloaded`] instead of queueing without bound.
 
 mod beside;
-mod resend;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,7 +41,7 @@ use tokio::runtime;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
-use self::resend::Resend;
+use self::beside::Resend;
 use super::batch::{Batch, Job, Link, Run};
 use super::{Advice, Advisory, Node, NodeCall, Op, Request, stopped};
 use crate::clock;
