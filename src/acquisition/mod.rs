@@ -228,7 +228,10 @@ async fn attempt_as(
     };
     let expires_at = start + valid_for;
     let fenced = match fence_on {
-        Some(resources) => fence::issue_within(config, resources, expires_at).await,
+        Some(resources) => {
+            let counter = config.fencing.as_deref();
+            fence::issue_within(counter, config.fencing_timeout, resources, expires_at).await
+        }
         None => Ok(None),
     };
     let fence = match fenced {

@@ -7,16 +7,15 @@
 //! [`ServerConnection`]: super::ServerConnection
 //! [`ServerConnection::renew`]: super::ServerConnection::renew
 
+use std::future::Future;
 use std::sync::Arc;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use redis::RedisError;
-use redis::aio::ConnectionManager;
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use tokio::sync::Mutex;
 
-use super::server::{Server, Settings};
 use crate::error::NodeFailure;
 
 /// The sentinels that watch one master, and its name.
@@ -67,18 +66,22 @@ impl Sentinels {
     /// hung one included). When all fail, an error about a master a sentinel named (a refused
     /// login, a master that is not one) is kept over a sentinel that does not know the name. A
     /// master at `not_at` (the one connected already) is an error: no new connection is made
-    /// to it.
-    pub(super) async fn first_master(
+    /// to it. `connect` makes the connection to a master from its client and address.
+    pub(super) async fn first_master<T, F>(
         &self,
-        settings: &Settings,
+        connect: impl Fn(redis::Client, Arc<str>) -> F,
         not_at: Option<Arc<str>>,
-    ) -> Result<Server, NodeFailure> {
+    ) -> Result<T, NodeFailure>
+    where
+        F: Future<Output = Result<T, NodeFailure>>,
+    {
         let mut asked: FuturesUnordered<_> = self
             .clients
             .iter()
             .cloned()
             .map(|client| {
                 let not_at = not_at.clone();
+                let connect = &connect;
                 async move {
                     let client = client.lock().await.async_get_client().await?;
                     let addr: Arc<str> = client.get_connection_info().addr().to_string().into();
@@ -87,14 +90,7 @@ impl Sentinels {
                             "the sentinels still name the master connected to",
                         ));
                     }
-                    let config = settings.config(&client);
-                    let manager =
-                        ConnectionManager::new_with_config(client.clone(), config).await?;
-                    Ok::<_, NodeFailure>(Server {
-                        client: Some(Arc::new(client)),
-                        addr,
-                        manager: super::server::Manager::Redis(manager),
-                    })
+                    connect(client, addr).await
                 }
             })
             .collect();

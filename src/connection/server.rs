@@ -245,7 +245,17 @@ impl ServerConnection {
                     },
                     #[cfg(feature = "sentinel")]
                     Source::Sentinels(sentinels) => {
-                        sentinels.first_master(&settings, not_at).await?
+                        let connect = async |client: Client, addr| {
+                            let config = settings.config(&client);
+                            let manager =
+                                ConnectionManager::new_with_config(client.clone(), config).await?;
+                            Ok(Server {
+                                client: Some(Arc::new(client)),
+                                addr,
+                                manager: Manager::Redis(manager),
+                            })
+                        };
+                        sentinels.first_master(connect, not_at).await?
                     }
                 };
                 #[cfg(not(feature = "sentinel"))]

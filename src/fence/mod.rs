@@ -123,10 +123,9 @@ pub use batch::{Batcher, IssueBatch, MAX_BATCH};
 pub(crate) use counter::FencingCounter;
 pub use stripes::Stripes;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::clock;
-use crate::config::Config;
 use crate::error::FencingError;
 use crate::metrics::{self, TypeLabel};
 
@@ -151,18 +150,19 @@ pub fn record_rejected_write(resource_type: &str) {
     metrics::fence_rejected(&TypeLabel::of_name(resource_type));
 }
 
-/// Asks the configured fencing counter, if any, for a token for a lock on `resources` valid
-/// until `expires_at`, within that validity and `fencing_timeout`.
+/// Asks `counter`, if any, for a token for a lock on `resources` valid until `expires_at`,
+/// within that validity and `timeout` (the builder's `fencing_timeout`).
 pub(crate) async fn issue_within(
-    config: &Config,
+    counter: Option<&dyn FencingCounter>,
+    timeout: Duration,
     resources: &[String],
     expires_at: Instant,
 ) -> Result<Option<u64>, FencingError> {
-    let Some(counter) = &config.fencing else {
+    let Some(counter) = counter else {
         return Ok(None);
     };
     let remaining = expires_at.saturating_duration_since(clock::now());
-    let limit = config.fencing_timeout.min(remaining);
+    let limit = timeout.min(remaining);
     match tokio::time::timeout(limit, counter.next_fence(resources)).await {
         Ok(Ok(_)) | Err(_) if clock::now() >= expires_at => Err(FencingError::LockExpired),
         // The storage helpers refuse 0 (`lock.fence().unwrap_or(0)` without a counter), and

@@ -73,8 +73,9 @@ mod script_tests;
 #[cfg(test)]
 mod tests;
 
+pub use network::SimFault;
 pub use profile::Profile;
-pub use servers::{SimFault, SimServers};
+pub use servers::SimServers;
 pub(crate) use wire::{SimEndpoint, Wire};
 
 /// Makes this thread a simulation's: from now on every random choice redfence makes on it

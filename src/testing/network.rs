@@ -17,8 +17,37 @@ use tokio::time::Instant;
 
 use super::SimServer;
 use super::requests::{adds_data, describe, refuse, releases, summarize};
-use super::servers::{EPOCH_MS, SimFault};
-use super::wire::reset;
+
+/// What a simulated server's clock reads when the set starts (some day in 2023, in ms since
+/// the Unix epoch), so that `TIME` looks like a real clock.
+pub(super) const EPOCH_MS: u64 = 1_700_000_000_000;
+
+/// A fault a simulated server answers its next request with (see [`SimServers::fail_next`](super::SimServers::fail_next)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SimFault {
+    /// `BUSY`: a script is running (every command of the request is refused).
+    Busy,
+    /// `LOADING`: the server is loading its data set.
+    Loading,
+    /// `OOM`: the server is out of memory (commands that would add data are refused).
+    Oom,
+    /// The connection is reset with the request on the way: the server ran it (`applied`) or
+    /// never saw it, and its reply is lost either way. Every request sent on the server's
+    /// connections before it and not yet answered is lost with it.
+    Reset {
+        /// Whether the server ran the request before the connection broke.
+        applied: bool,
+    },
+}
+
+/// A connection reset by the peer.
+pub(super) fn reset() -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::ConnectionReset,
+        "simulated connection reset",
+    ))
+}
 
 /// What the servers, their connections and their drivers share.
 pub(crate) struct Network {

@@ -19,32 +19,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::SimServer;
-use super::network::{Network, Node, lock};
+use super::network::{EPOCH_MS, Network, Node, SimFault, lock};
 use super::profile::Profile;
 use super::wire::SimEndpoint;
-
-/// What a simulated server's clock reads when the set starts (some day in 2023, in ms since
-/// the Unix epoch), so that `TIME` looks like a real clock.
-pub(super) const EPOCH_MS: u64 = 1_700_000_000_000;
-
-/// A fault a simulated server answers its next request with (see [`SimServers::fail_next`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum SimFault {
-    /// `BUSY`: a script is running (every command of the request is refused).
-    Busy,
-    /// `LOADING`: the server is loading its data set.
-    Loading,
-    /// `OOM`: the server is out of memory (commands that would add data are refused).
-    Oom,
-    /// The connection is reset with the request on the way: the server ran it (`applied`) or
-    /// never saw it, and its reply is lost either way. Every request sent on the server's
-    /// connections before it and not yet answered is lost with it.
-    Reset {
-        /// Whether the server ran the request before the connection broke.
-        applied: bool,
-    },
-}
 
 /// A set of simulated Redis servers (7.0 by default; Valkey 9.1 or Redis 8.6 by
 /// [`with_profile`](Self::with_profile)) for a `Redlock` to vote over, driven by Tokio's clock.

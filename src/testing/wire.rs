@@ -6,16 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use redis::{RedisError, Value};
 
-use super::network::{Network, lock};
+use super::network::{Network, lock, reset};
 use super::server::args_of;
-
-/// A connection reset by the peer.
-pub(super) fn reset() -> RedisError {
-    RedisError::from(std::io::Error::new(
-        std::io::ErrorKind::ConnectionReset,
-        "simulated connection reset",
-    ))
-}
 
 /// One simulated server, as a node address names it.
 #[derive(Clone)]
